@@ -1,0 +1,44 @@
+// Hardware catalogue: the GPUs Kareus can plan for, with the figures the emulator and the search
+// space need. Every figure is cited in src/hw/catalogue.cc and docs/emulator.md.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace kareus {
+
+struct GpuSpec {
+  std::string name;            ///< catalogue key, e.g. "a100-sxm4-40gb"
+  std::string display_name;    ///< e.g. "NVIDIA A100 SXM4 40GB"
+  int sm_count = 0;
+  int min_freq_mhz = 0;        ///< lowest supported SM clock
+  int max_freq_mhz = 0;        ///< highest supported SM clock
+  int freq_step_mhz = 0;       ///< granularity of supported SM clocks
+  int search_min_freq_mhz = 0; ///< default search range (Kareus artifact defaults)
+  int search_max_freq_mhz = 0;
+  int search_step_mhz = 0;
+  double bf16_peak_tflops = 0; ///< dense bf16 tensor-core peak at max_freq_mhz
+  double hbm_bandwidth_gbs = 0;
+  double nvlink_bandwidth_gbs = 0;     ///< total bidirectional NVLink bandwidth per GPU
+  double internode_bandwidth_gbs = 0;  ///< per-GPU network bandwidth (one NIC per GPU)
+  double nccl_ring_busbw_gbs = 0;      ///< achievable NCCL ring bus bandwidth inside a node
+  int nccl_default_channels = 0;       ///< NCCL's default CTA count for intra-node collectives
+  double tdp_w = 0;
+  double power_limit_w = 0;    ///< default board power limit
+  double static_power_w = 0;   ///< power while blocked in a P2P receive (Kareus/Perseus)
+  bool static_power_estimated = false;  ///< true where no measured figure is published
+  double idle_power_w = 0;     ///< idle at the lowest clock
+
+  /// Every supported SM clock, ascending.
+  std::vector<int> supported_freqs_mhz() const;
+  /// The default search frequencies, descending from search_max_freq_mhz (artifact order).
+  std::vector<int> search_freqs_mhz() const;
+  bool supports_freq(int freq_mhz) const;
+};
+
+/// The catalogue entry for `name`. Throws InvalidInput listing the known names.
+const GpuSpec& gpu_by_name(const std::string& name);
+/// All catalogue names, in catalogue order.
+std::vector<std::string> gpu_names();
+
+}  // namespace kareus

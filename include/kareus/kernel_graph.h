@@ -1,0 +1,96 @@
+// The kernel graph of a workload: for every pipeline stage, the forward and backward instruction
+// of one micro-batch as an ordered list of kernels per nano-batch, each with its FLOPs and HBM
+// traffic, and every collective with its payload and group. Everything downstream (partitions,
+// emulator, composition) reads shapes from here, so there is one place that knows the model.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kareus/workload.h"
+
+namespace kareus {
+
+enum class OpKind { kGemm, kAttention, kNorm, kElementwise, kEmbedding, kLoss, kCollective };
+enum class CollectiveKind { kAllReduce, kAllGather, kReduceScatter, kP2P };
+enum class CommGroup { kTp, kCp, kPp, kDp, kEmbedding };
+enum class InstructionKind { kForward, kBackward };
+
+const char* to_string(OpKind k);
+const char* to_string(CollectiveKind k);
+const char* short_name(CollectiveKind k);  ///< "ar", "ag", "rs", "p2p"
+const char* to_string(CommGroup g);
+const char* to_string(InstructionKind k);  ///< "forward", "backward"
+
+/// One kernel on one GPU. Sizes are per GPU (after tensor/context sharding).
+struct Kernel {
+  std::string name;
+  OpKind kind = OpKind::kElementwise;
+  double flops = 0;        ///< arithmetic the kernel performs
+  double model_flops = 0;  ///< its share of the model-FLOPs formula (GEMMs and attention only)
+  double bytes_read = 0;   ///< HBM bytes read
+  double bytes_written = 0;
+  /// GEMM shape (C[m,n] = A[m,k] B[k,n]); attention uses m = query rows, n = key rows, k = dim.
+  std::int64_t m = 0, n = 0, k = 0;
+
+  // Collectives only.
+  CollectiveKind collective = CollectiveKind::kAllReduce;
+  CommGroup group = CommGroup::kTp;
+  int group_size = 1;
+  double payload_bytes = 0;  ///< size of the full buffer (AllReduce buffer, AllGather output,
+                             ///< ReduceScatter input, P2P message)
+  bool inter_node = false;   ///< the group spans nodes
+
+  bool is_collective() const { return kind == OpKind::kCollective; }
+  double bytes() const { return bytes_read + bytes_written; }
+  /// Bytes each GPU sends over its links (ring algorithms): AllReduce 2(n-1)/n, AllGather and
+  /// ReduceScatter (n-1)/n, P2P the whole message.
+  double wire_bytes() const;
+};
+
+/// A launch point of the other nano-batch's collective: before compute op `op_index`.
+struct Slot {
+  std::string name;
+  int op_index = 0;
+};
+
+/// Contiguous compute of one nano-batch between two collectives, and the collective after it.
+struct Block {
+  std::string name;       ///< "attn", "mlp" (TP); "qkv", "ao", "o", "a" (CP); ...
+  InstructionKind direction = InstructionKind::kForward;  ///< recomputed blocks are kForward
+  bool recompute = false;
+  std::vector<Kernel> ops;
+  std::vector<Slot> slots;
+  Kernel collective;
+};
+
+struct InstructionGraph {
+  int stage = 0;
+  InstructionKind kind = InstructionKind::kForward;
+  int nano_batches = 2;
+  std::vector<Kernel> prologue;  ///< whole micro-batch, before the layer stack
+  std::vector<Block> blocks;     ///< one nano-batch's layer stack, in execution order
+  std::vector<Kernel> epilogue;  ///< whole micro-batch, after the layer stack
+};
+
+struct StageGraph {
+  int stage = 0;
+  int layers = 0;
+  InstructionGraph forward;
+  InstructionGraph backward;
+  std::vector<Kernel> per_iteration;  ///< once per iteration: DP and tied-embedding reductions
+};
+
+struct KernelGraph {
+  std::vector<StageGraph> stages;
+  Kernel p2p;  ///< activation (forward) or gradient (backward) message between adjacent stages
+  double model_flops_per_iteration = 0;     ///< whole job, without recompute
+  double hardware_flops_per_iteration = 0;  ///< whole job, with the recomputed forward
+};
+
+/// Builds the kernel graph. With batch.nano_batches == 1 the blocks carry whole micro-batches.
+KernelGraph build_kernel_graph(const Workload& w);
+
+}  // namespace kareus

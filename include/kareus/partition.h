@@ -1,0 +1,74 @@
+// Partitions: the repeating units Kareus optimizes (brief section 2). With two nano-batches the
+// layer stack of an instruction runs as an interleaving NB0 b0, NB1 b0, NB0 b1, NB1 b1, ... of
+// compute blocks; each compute block runs concurrently with the collective that the other
+// nano-batch issued just before. Such a pair is a partition. The first compute block (nothing to
+// overlap yet) and the last collective (nothing left to overlap with) are segments, as are the
+// embedding, the output layer and loss, and the pipeline/data-parallel communication.
+//
+// Partitions with the same key and shapes are stored once with a repeat count; every
+// instruction refers to them through an ordered list of steps.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "kareus/kernel_graph.h"
+
+namespace kareus {
+
+struct PartitionOccurrence {
+  int stage = 0;
+  InstructionKind instruction = InstructionKind::kForward;
+  int count = 0;  ///< instances per micro-batch in this stage's instruction
+};
+
+struct Partition {
+  std::string key;                ///< e.g. "fwd_attn", "bwd_qkv_rs"
+  InstructionKind direction = InstructionKind::kForward;
+  std::vector<Kernel> compute_ops;  ///< one nano-batch's compute, in order
+  std::vector<Slot> slots;          ///< launch points of `collective` among compute_ops
+  Kernel collective;                ///< the other nano-batch's collective
+  std::string signature;            ///< stable hash of every shape above (profile-store key)
+  std::vector<PartitionOccurrence> occurrences;
+
+  int repeats() const;  ///< instances per micro-batch, all stages and instructions together
+  double compute_flops() const;
+  const Slot& slot(const std::string& name) const;  ///< throws InvalidInput listing the slots
+  std::vector<std::string> slot_names() const;
+};
+
+/// Work outside partitions: run alone, without overlap.
+struct Segment {
+  std::string name;
+  int stage = 0;
+  std::string instruction;  ///< "forward", "backward" or "iteration" (once per iteration)
+  std::vector<Kernel> kernels;
+};
+
+/// One element of an instruction's execution order.
+struct Step {
+  enum class Kind { kPartition, kSegment } kind = Kind::kPartition;
+  int index = 0;  ///< into PartitionSet::partitions or PartitionSet::segments
+};
+
+struct InstructionSteps {
+  int stage = 0;
+  InstructionKind kind = InstructionKind::kForward;
+  std::vector<Step> steps;
+};
+
+struct PartitionSet {
+  KernelGraph graph;
+  std::vector<Partition> partitions;  ///< distinct partitions, in first-seen order
+  std::vector<Segment> segments;
+  std::vector<InstructionSteps> instructions;  ///< stage-major: (0,fwd), (0,bwd), (1,fwd), ...
+  std::vector<int> iteration_segments;          ///< per-iteration segments (DP, tied embedding)
+
+  const Partition& partition(const std::string& key) const;  ///< throws InvalidInput
+  const InstructionSteps& instruction(int stage, InstructionKind kind) const;
+};
+
+/// Cuts every instruction at its collectives and forms the partitions.
+PartitionSet partition_workload(const Workload& w);
+
+}  // namespace kareus

@@ -1,0 +1,192 @@
+// Partitioner: forms the partitions of the Kareus execution model (Wu, Chung, Chowdhury,
+// "Kareus", OSDI '26, section on partitioned overlap execution) from the kernel graph.
+//
+// Keys follow the artifact's naming: direction + block name, with the collective's short name
+// appended when the same block overlaps more than one kind of collective (context parallelism
+// yields fwd_qkv_ar / fwd_qkv_ag and so on). Recomputed forward blocks inside the backward
+// instruction have the forward blocks' shapes and share their keys.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <map>
+#include <set>
+
+#include "kareus/error.h"
+#include "kareus/partition.h"
+
+namespace kareus {
+
+int Partition::repeats() const {
+  int r = 0;
+  for (const auto& o : occurrences) r += o.count;
+  return r;
+}
+
+double Partition::compute_flops() const {
+  double f = 0;
+  for (const auto& k : compute_ops) f += k.flops;
+  return f;
+}
+
+std::vector<std::string> Partition::slot_names() const {
+  std::vector<std::string> names;
+  for (const auto& s : slots) names.push_back(s.name);
+  return names;
+}
+
+const Slot& Partition::slot(const std::string& name) const {
+  for (const auto& s : slots) {
+    if (s.name == name) return s;
+  }
+  throw InvalidInput(fmt::format("partition '{}': unknown launch slot '{}'; allowed: {}", key,
+                                 name, fmt::join(slot_names(), ", ")));
+}
+
+const Partition& PartitionSet::partition(const std::string& key) const {
+  std::vector<std::string> keys;
+  for (const auto& p : partitions) {
+    if (p.key == key) return p;
+    keys.push_back(p.key);
+  }
+  throw InvalidInput(
+      fmt::format("unknown partition '{}'; this workload has: {}", key, fmt::join(keys, ", ")));
+}
+
+const InstructionSteps& PartitionSet::instruction(int stage, InstructionKind kind) const {
+  for (const auto& i : instructions) {
+    if (i.stage == stage && i.kind == kind) return i;
+  }
+  throw InternalError(fmt::format("no instruction {} on stage {}", to_string(kind), stage));
+}
+
+namespace {
+
+std::string kernel_text(const Kernel& k) {
+  std::string s = fmt::format("{}|{}|{:.6e}|{:.6e}|{:.6e}|{}|{}|{}", k.name, to_string(k.kind),
+                              k.flops, k.bytes_read, k.bytes_written, k.m, k.n, k.k);
+  if (k.is_collective()) {
+    s += fmt::format("|{}|{}|{}|{:.6e}|{}", to_string(k.collective), to_string(k.group),
+                     k.group_size, k.payload_bytes, k.inter_node);
+  }
+  return s;
+}
+
+// FNV-1a, 64 bit: stable across runs and platforms, which std::hash is not.
+std::string fnv1a_hex(const std::string& text) {
+  std::uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return fmt::format("{:016x}", h);
+}
+
+struct RawPartition {
+  const Block* compute;
+  const Kernel* collective;
+  int stage;
+  InstructionKind instruction;
+};
+
+std::string prefix(InstructionKind k) { return k == InstructionKind::kForward ? "fwd_" : "bwd_"; }
+
+}  // namespace
+
+PartitionSet partition_workload(const Workload& w) {
+  PartitionSet ps;
+  ps.graph = build_kernel_graph(w);
+  const bool overlap = w.batch.nano_batches == 2;
+
+  // Pass 1: the raw (compute block, collective) pairs, and which collective kinds each block meets.
+  std::vector<RawPartition> raw;
+  std::map<std::string, std::set<CollectiveKind>> kinds_of_block;
+  for (const auto& sg : ps.graph.stages) {
+    for (const InstructionGraph* ig : {&sg.forward, &sg.backward}) {
+      if (!overlap) continue;
+      const auto& b = ig->blocks;
+      for (std::size_t i = 1; i < 2 * b.size(); ++i) {
+        const Block& c = b[i / 2];
+        const Kernel& coll = b[(i - 1) / 2].collective;
+        raw.push_back({&c, &coll, sg.stage, ig->kind});
+        kinds_of_block[prefix(c.direction) + c.name].insert(coll.collective);
+      }
+    }
+  }
+
+  // Pass 2: key, signature and de-duplication.
+  std::map<std::string, int> by_signature;
+  std::map<std::string, int> versions_of_key;
+  std::vector<int> raw_index(raw.size());
+  for (std::size_t r = 0; r < raw.size(); ++r) {
+    const auto& rp = raw[r];
+    const std::string base = prefix(rp.compute->direction) + rp.compute->name;
+    std::string key = base;
+    if (kinds_of_block[base].size() > 1) key += std::string("_") + short_name(rp.collective->collective);
+    std::string text = key;
+    for (const auto& k : rp.compute->ops) text += "\n" + kernel_text(k);
+    for (const auto& s : rp.compute->slots) text += fmt::format("\nslot {}@{}", s.name, s.op_index);
+    text += "\n" + kernel_text(*rp.collective);
+    const std::string sig = fnv1a_hex(text);
+    auto it = by_signature.find(sig);
+    if (it == by_signature.end()) {
+      const int v = ++versions_of_key[key];
+      Partition p;
+      p.key = v == 1 ? key : fmt::format("{}_v{}", key, v);
+      p.direction = rp.compute->direction;
+      p.compute_ops = rp.compute->ops;
+      p.slots = rp.compute->slots;
+      p.collective = *rp.collective;
+      p.signature = sig;
+      it = by_signature.emplace(sig, static_cast<int>(ps.partitions.size())).first;
+      ps.partitions.push_back(std::move(p));
+    }
+    raw_index[r] = it->second;
+    auto& occ = ps.partitions[static_cast<std::size_t>(it->second)].occurrences;
+    if (occ.empty() || occ.back().stage != rp.stage || occ.back().instruction != rp.instruction) {
+      occ.push_back({rp.stage, rp.instruction, 0});
+    }
+    ++occ.back().count;
+  }
+
+  // Pass 3: the execution order of every instruction.
+  auto add_segment = [&](InstructionSteps& is, std::string name, std::vector<Kernel> kernels) {
+    if (kernels.empty()) return;
+    ps.segments.push_back({std::move(name), is.stage, to_string(is.kind), std::move(kernels)});
+    is.steps.push_back({Step::Kind::kSegment, static_cast<int>(ps.segments.size()) - 1});
+  };
+  std::size_t next_raw = 0;
+  for (const auto& sg : ps.graph.stages) {
+    for (const InstructionGraph* ig : {&sg.forward, &sg.backward}) {
+      InstructionSteps is;
+      is.stage = sg.stage;
+      is.kind = ig->kind;
+      const bool fwd = ig->kind == InstructionKind::kForward;
+      add_segment(is, fwd ? "embedding" : "output_layer_bwd", ig->prologue);
+      const auto& b = ig->blocks;
+      if (overlap && !b.empty()) {
+        add_segment(is, "stack_head", b.front().ops);
+        for (std::size_t i = 1; i < 2 * b.size(); ++i) {
+          is.steps.push_back({Step::Kind::kPartition, raw_index[next_raw++]});
+        }
+        add_segment(is, "stack_tail", {b.back().collective});
+      } else {
+        std::vector<Kernel> seq;
+        for (const auto& blk : b) {
+          seq.insert(seq.end(), blk.ops.begin(), blk.ops.end());
+          seq.push_back(blk.collective);
+        }
+        add_segment(is, "layer_stack", seq);
+      }
+      add_segment(is, fwd ? "output_layer" : "embedding_bwd", ig->epilogue);
+      ps.instructions.push_back(std::move(is));
+    }
+    for (const auto& k : sg.per_iteration) {
+      ps.segments.push_back({k.name, sg.stage, "iteration", {k}});
+      ps.iteration_segments.push_back(static_cast<int>(ps.segments.size()) - 1);
+    }
+  }
+  if (next_raw != raw.size()) throw InternalError("partitioner lost track of partition instances");
+  return ps;
+}
+
+}  // namespace kareus

@@ -1,0 +1,512 @@
+// Kernel graph of a Megatron-style decoder-only transformer (Llama/Qwen family: RMSNorm, GQA
+// attention with RoPE, SwiGLU MLP) under tensor, context, pipeline and data parallelism.
+//
+// FLOP counts follow Narayanan et al., "Efficient Large-Scale Language Model Training on GPU
+// Clusters Using Megatron-LM" (SC '21), adapted to GQA and SwiGLU as in the brief (section 9):
+// per layer forward QKV 2*T*h*(a+2g)*d/t, attention 2*b*s^2*(a/t)*d (causal half), output
+// projection 2*T*a*d*h/t, MLP 6*T*h*f/t; a backward GEMM is twice its forward. FlashAttention-2
+// (Dao, 2023) backward performs 2.5x the forward's matmul work (it recomputes the scores); the
+// model-FLOPs share stays 2x, as in the formula.
+//
+// The cut points (collectives) follow Megatron-LM's layer: row-parallel output projection and
+// FC2 end in a TP AllReduce (ReduceScatter with sequence parallelism, which adds AllGathers before
+// QKV and FC1); in backward the column-parallel QKV and FC1 input gradients are AllReduced.
+// Context parallelism uses the all-gather style of Megatron/TransformerEngine: K,V are gathered
+// before attention and dK,dV reduce-scattered after it (K,V are gathered again for backward).
+// With full recompute every layer's forward (with its collectives) is re-run right before its
+// backward, so recomputed blocks appear in the backward instruction.
+#include "kareus/kernel_graph.h"
+
+#include <fmt/format.h>
+
+#include "kareus/error.h"
+
+namespace kareus {
+
+const char* to_string(OpKind k) {
+  switch (k) {
+    case OpKind::kGemm: return "gemm";
+    case OpKind::kAttention: return "attention";
+    case OpKind::kNorm: return "norm";
+    case OpKind::kElementwise: return "elementwise";
+    case OpKind::kEmbedding: return "embedding";
+    case OpKind::kLoss: return "loss";
+    case OpKind::kCollective: return "collective";
+  }
+  return "?";
+}
+
+const char* to_string(CollectiveKind k) {
+  switch (k) {
+    case CollectiveKind::kAllReduce: return "allreduce";
+    case CollectiveKind::kAllGather: return "allgather";
+    case CollectiveKind::kReduceScatter: return "reducescatter";
+    case CollectiveKind::kP2P: return "p2p";
+  }
+  return "?";
+}
+
+const char* short_name(CollectiveKind k) {
+  switch (k) {
+    case CollectiveKind::kAllReduce: return "ar";
+    case CollectiveKind::kAllGather: return "ag";
+    case CollectiveKind::kReduceScatter: return "rs";
+    case CollectiveKind::kP2P: return "p2p";
+  }
+  return "?";
+}
+
+const char* to_string(CommGroup g) {
+  switch (g) {
+    case CommGroup::kTp: return "tp";
+    case CommGroup::kCp: return "cp";
+    case CommGroup::kPp: return "pp";
+    case CommGroup::kDp: return "dp";
+    case CommGroup::kEmbedding: return "embedding";
+  }
+  return "?";
+}
+
+const char* to_string(InstructionKind k) {
+  return k == InstructionKind::kForward ? "forward" : "backward";
+}
+
+double Kernel::wire_bytes() const {
+  if (!is_collective() || group_size <= 1) return collective == CollectiveKind::kP2P
+                                                      ? payload_bytes
+                                                      : 0.0;
+  const double n = group_size;
+  switch (collective) {
+    case CollectiveKind::kAllReduce: return 2.0 * (n - 1.0) / n * payload_bytes;
+    case CollectiveKind::kAllGather:
+    case CollectiveKind::kReduceScatter: return (n - 1.0) / n * payload_bytes;
+    case CollectiveKind::kP2P: return payload_bytes;
+  }
+  return 0.0;
+}
+
+namespace {
+
+constexpr double kBf16 = 2.0;  // bytes per activation / weight element
+constexpr double kFp32 = 4.0;  // gradients are reduced in fp32 (Megatron's main_grad)
+
+// Builds kernels for one micro-batch slice of `tokens` local tokens.
+class Builder {
+ public:
+  Builder(const Workload& w, double seqs) : w_(w), m_(w.model), p_(w.parallel) {
+    const double s = w.batch.seq_len;
+    seqs_ = seqs;
+    tokens_ = seqs * s / p_.cp;                                   // local tokens (this CP rank)
+    sp_tokens_ = p_.sequence_parallel ? tokens_ / p_.tp : tokens_;  // tokens outside TP regions
+    h_ = m_.hidden;
+    q_cols_ = static_cast<double>(m_.heads) / p_.tp * m_.head_dim;
+    kv_cols_ = static_cast<double>(m_.kv_heads) / p_.tp * m_.head_dim;
+    f_ = static_cast<double>(m_.ffn_hidden) / p_.tp;
+    vocab_ = static_cast<double>(m_.vocab) / p_.tp;
+  }
+
+  Kernel gemm(const std::string& name, double m, double n, double k, bool model) const {
+    Kernel g;
+    g.name = name;
+    g.kind = OpKind::kGemm;
+    g.flops = 2.0 * m * n * k;
+    g.model_flops = model ? g.flops : 0.0;
+    g.bytes_read = (m * k + k * n) * kBf16;
+    g.bytes_written = m * n * kBf16;
+    g.m = static_cast<std::int64_t>(m);
+    g.n = static_cast<std::int64_t>(n);
+    g.k = static_cast<std::int64_t>(k);
+    return g;
+  }
+
+  // Forward GEMM y[m,n] = x[m,k] W[k,n] and its backward pair (dgrad, wgrad).
+  Kernel fwd_gemm(const std::string& name, double n, double k) const {
+    return gemm(name, tokens_, n, k, true);
+  }
+  Kernel dgrad(const std::string& name, double n, double k) const {
+    return gemm(name + "_dgrad", tokens_, k, n, true);
+  }
+  Kernel wgrad(const std::string& name, double n, double k) const {
+    return gemm(name + "_wgrad", k, n, tokens_, true);
+  }
+
+  Kernel elementwise(const std::string& name, OpKind kind, double elems, double flops_per_elem,
+                     double reads_per_elem, double writes_per_elem, double elem_bytes = kBf16) const {
+    Kernel e;
+    e.name = name;
+    e.kind = kind;
+    e.flops = elems * flops_per_elem;
+    e.bytes_read = elems * reads_per_elem * elem_bytes;
+    e.bytes_written = elems * writes_per_elem * elem_bytes;
+    return e;
+  }
+
+  Kernel residual_add(const std::string& name) const {
+    return elementwise(name, OpKind::kElementwise, sp_tokens_ * h_, 1, 2, 1);
+  }
+  Kernel rmsnorm(const std::string& name) const {
+    return elementwise(name, OpKind::kNorm, sp_tokens_ * h_, 4, 1, 1);
+  }
+  Kernel rmsnorm_bwd(const std::string& name) const {
+    return elementwise(name, OpKind::kNorm, sp_tokens_ * h_, 8, 2, 1);
+  }
+
+  Kernel attention(bool backward) const {
+    // Queries of this CP rank against all keys of the sequence; causal masking halves the work.
+    const double s = w_.batch.seq_len;
+    const double q_rows = seqs_ * s / p_.cp;
+    const double kv_rows = seqs_ * s;
+    const double fwd = 4.0 * q_rows * s * q_cols_ * 0.5;  // QK^T and PV, causal half
+    Kernel k;
+    k.name = backward ? "attention_bwd" : "attention";
+    k.kind = OpKind::kAttention;
+    k.flops = backward ? 2.5 * fwd : fwd;
+    k.model_flops = backward ? 2.0 * fwd : fwd;
+    const double qo = q_rows * q_cols_ * kBf16;
+    const double kv = kv_rows * 2.0 * kv_cols_ * kBf16;
+    k.bytes_read = backward ? 2.0 * qo + kv + qo : qo + kv;  // bwd also reads O and dO
+    k.bytes_written = backward ? qo + kv / p_.cp : qo;
+    k.m = static_cast<std::int64_t>(q_rows);
+    k.n = static_cast<std::int64_t>(s);
+    k.k = m_.head_dim;
+    return k;
+  }
+
+  Kernel collective(const std::string& name, CollectiveKind kind, CommGroup group,
+                    double payload) const {
+    Kernel c;
+    c.name = name;
+    c.kind = OpKind::kCollective;
+    c.collective = kind;
+    c.group = group;
+    c.payload_bytes = payload;
+    // Megatron's rank order is tp (fastest), cp, dp, pp: a group's ranks are `stride` apart.
+    int stride = 1;
+    switch (group) {
+      case CommGroup::kTp: c.group_size = p_.tp; stride = 1; break;
+      case CommGroup::kCp: c.group_size = p_.cp; stride = p_.tp; break;
+      case CommGroup::kDp: c.group_size = p_.dp; stride = p_.tp * p_.cp; break;
+      case CommGroup::kPp:
+      case CommGroup::kEmbedding:
+        c.group_size = 2;
+        stride = p_.tp * p_.cp * p_.dp * (group == CommGroup::kPp ? 1 : (p_.pp - 1));
+        break;
+    }
+    c.inter_node = stride * (c.group_size - 1) >= w_.cluster.gpus_per_node;
+    return c;
+  }
+
+  // TP exit of a layer sub-block: AllReduce, or ReduceScatter under sequence parallelism.
+  Kernel tp_exit(const std::string& name) const {
+    return p_.sequence_parallel
+               ? collective(name, CollectiveKind::kReduceScatter, CommGroup::kTp,
+                            tokens_ * h_ * kBf16)
+               : collective(name, CollectiveKind::kAllReduce, CommGroup::kTp, tokens_ * h_ * kBf16);
+  }
+  Kernel tp_entry(const std::string& name) const {
+    return collective(name, CollectiveKind::kAllGather, CommGroup::kTp, tokens_ * h_ * kBf16);
+  }
+  Kernel kv_gather(const std::string& name, bool reduce_scatter) const {
+    const double kv_full = seqs_ * w_.batch.seq_len * 2.0 * kv_cols_ * kBf16;
+    return collective(name, reduce_scatter ? CollectiveKind::kReduceScatter
+                                           : CollectiveKind::kAllGather,
+                      CommGroup::kCp, kv_full);
+  }
+
+  // ---- Forward blocks of one layer.
+  std::vector<Block> forward_layer(bool recompute) const {
+    std::vector<Block> out;
+    const bool cp = p_.cp > 1;
+    const bool sp = p_.sequence_parallel;
+    auto mk = [&](std::string name) {
+      Block b;
+      b.name = std::move(name);
+      b.direction = InstructionKind::kForward;
+      b.recompute = recompute;
+      return b;
+    };
+    auto add = [&](Block& b, Kernel k, const char* slot = nullptr) {
+      if (slot) b.slots.push_back({slot, static_cast<int>(b.ops.size())});
+      b.ops.push_back(std::move(k));
+    };
+    const double qkv_n = q_cols_ + 2.0 * kv_cols_;
+    const double qk_elems = tokens_ * (q_cols_ + kv_cols_);
+    auto qkv_ops = [&](Block& b, const char* gemm_slot) {
+      add(b, fwd_gemm("qkv_gemm", qkv_n, h_), gemm_slot);
+      if (m_.qk_norm) add(b, elementwise("qk_norm", OpKind::kNorm, qk_elems, 4, 1, 1));
+      add(b, elementwise("rope", OpKind::kElementwise, qk_elems, 3, 1, 1), "rope");
+    };
+    if (sp) {
+      Block n1 = mk("attn_norm");
+      add(n1, residual_add("residual_add"), "norm");
+      add(n1, rmsnorm("rmsnorm"));
+      n1.collective = tp_entry("tp_allgather");
+      Block at = mk("attn");
+      qkv_ops(at, "qkv");
+      add(at, attention(false), "attn");
+      add(at, fwd_gemm("out_proj", h_, q_cols_));
+      at.collective = tp_exit("tp_reducescatter");
+      Block n2 = mk("mlp_norm");
+      add(n2, residual_add("residual_add"), "norm");
+      add(n2, rmsnorm("rmsnorm"));
+      n2.collective = tp_entry("tp_allgather");
+      Block ml = mk("mlp");
+      add(ml, fwd_gemm("fc1", 2.0 * f_, h_), "linear");
+      add(ml, elementwise("swiglu", OpKind::kElementwise, tokens_ * f_, 5, 2, 1), "activation");
+      add(ml, fwd_gemm("fc2", h_, f_));
+      ml.collective = tp_exit("tp_reducescatter");
+      out = {n1, at, n2, ml};
+    } else if (cp) {
+      Block q = mk("qkv");
+      add(q, residual_add("residual_add"), "norm");
+      add(q, rmsnorm("rmsnorm"));
+      qkv_ops(q, "linear");
+      q.collective = kv_gather("cp_allgather_kv", false);
+      Block ao = mk("ao");
+      add(ao, attention(false), "attn");
+      add(ao, fwd_gemm("out_proj", h_, q_cols_), "linear");
+      ao.collective = tp_exit("tp_allreduce");
+      out = {q, ao};
+    } else {
+      Block at = mk("attn");
+      add(at, residual_add("residual_add"), "norm");
+      add(at, rmsnorm("rmsnorm"));
+      qkv_ops(at, "qkv");
+      add(at, attention(false), "attn");
+      add(at, fwd_gemm("out_proj", h_, q_cols_));
+      at.collective = tp_exit("tp_allreduce");
+      out = {at};
+    }
+    if (!sp) {
+      Block ml = mk("mlp");
+      add(ml, residual_add("residual_add"), "norm");
+      add(ml, rmsnorm("rmsnorm"));
+      add(ml, fwd_gemm("fc1", 2.0 * f_, h_), "linear");
+      add(ml, elementwise("swiglu", OpKind::kElementwise, tokens_ * f_, 5, 2, 1), "activation");
+      add(ml, fwd_gemm("fc2", h_, f_));
+      ml.collective = tp_exit("tp_allreduce");
+      out.push_back(ml);
+    }
+    return out;
+  }
+
+  // ---- Backward blocks of one layer (without its recompute).
+  std::vector<Block> backward_layer() const {
+    const bool cp = p_.cp > 1;
+    const bool sp = p_.sequence_parallel;
+    auto mk = [&](std::string name) {
+      Block b;
+      b.name = std::move(name);
+      b.direction = InstructionKind::kBackward;
+      return b;
+    };
+    auto add = [&](Block& b, Kernel k, const char* slot = nullptr) {
+      if (slot) b.slots.push_back({slot, static_cast<int>(b.ops.size())});
+      b.ops.push_back(std::move(k));
+    };
+    const double qkv_n = q_cols_ + 2.0 * kv_cols_;
+    const double qk_elems = tokens_ * (q_cols_ + kv_cols_);
+    // The input gradient of a column-parallel GEMM is AllReduced (ReduceScatter with SP).
+    auto tp_grad = [&](const std::string& name) { return tp_exit(name); };
+
+    std::vector<Block> out;
+    Block ml = mk("mlp");
+    add(ml, rmsnorm_bwd("rmsnorm_bwd"), "norm");  // norm of the layer above, after its AllReduce
+    add(ml, residual_add("residual_grad_add"));
+    if (sp) {
+      ml.collective = tp_entry("tp_allgather");
+      out.push_back(ml);
+      ml = mk("mlp_gemm");
+      add(ml, dgrad("fc2", h_, f_), "linear");
+    } else {
+      add(ml, dgrad("fc2", h_, f_), "linear");
+    }
+    add(ml, wgrad("fc2", h_, f_));
+    add(ml, elementwise("swiglu_bwd", OpKind::kElementwise, tokens_ * f_, 8, 3, 2), "activation");
+    add(ml, dgrad("fc1", 2.0 * f_, h_));
+    add(ml, wgrad("fc1", 2.0 * f_, h_));
+    ml.collective = tp_grad(sp ? "tp_reducescatter" : "tp_allreduce");
+    out.push_back(ml);
+
+    auto qkv_tail = [&](Block& b) {
+      add(b, elementwise("rope_bwd", OpKind::kElementwise, qk_elems, 3, 1, 1), "rope");
+      if (m_.qk_norm) add(b, elementwise("qk_norm_bwd", OpKind::kNorm, qk_elems, 8, 2, 1));
+      add(b, dgrad("qkv_gemm", qkv_n, h_), cp ? "linear" : nullptr);
+      add(b, wgrad("qkv_gemm", qkv_n, h_));
+    };
+    if (cp) {
+      Block o = mk("o");
+      add(o, rmsnorm_bwd("rmsnorm_bwd"), "norm");
+      add(o, residual_add("residual_grad_add"));
+      add(o, dgrad("out_proj", h_, q_cols_), "linear");
+      add(o, wgrad("out_proj", h_, q_cols_));
+      o.collective = kv_gather("cp_allgather_kv", false);  // K,V again for attention backward
+      Block a = mk("a");
+      add(a, attention(true), "attn");
+      a.collective = kv_gather("cp_reducescatter_dkv", true);
+      Block q = mk("qkv");
+      qkv_tail(q);
+      q.collective = tp_grad("tp_allreduce");
+      out.push_back(o);
+      out.push_back(a);
+      out.push_back(q);
+    } else {
+      Block at = mk(sp ? "attn_norm" : "attn");
+      add(at, rmsnorm_bwd("rmsnorm_bwd"), "norm");
+      add(at, residual_add("residual_grad_add"));
+      if (sp) {
+        at.collective = tp_entry("tp_allgather");
+        out.push_back(at);
+        at = mk("attn");
+        add(at, dgrad("out_proj", h_, q_cols_), "linear");
+      } else {
+        add(at, dgrad("out_proj", h_, q_cols_), "linear");
+      }
+      add(at, wgrad("out_proj", h_, q_cols_));
+      add(at, attention(true), "attn");
+      qkv_tail(at);
+      at.collective = tp_grad(sp ? "tp_reducescatter" : "tp_allreduce");
+      out.push_back(at);
+    }
+    return out;
+  }
+
+  // ---- Non-layer kernels (whole micro-batch: this builder must be made with the micro-batch).
+  std::vector<Kernel> embedding_forward() const {
+    std::vector<Kernel> k;
+    Kernel e = elementwise("embedding", OpKind::kEmbedding, tokens_ * h_, 0, 1, 1);
+    e.bytes_read += tokens_ * 4;  // token ids
+    k.push_back(e);
+    // Vocab-parallel embedding: partial rows are summed across TP.
+    k.push_back(tp_exit(p_.sequence_parallel ? "embedding_reducescatter" : "embedding_allreduce"));
+    return k;
+  }
+  std::vector<Kernel> embedding_backward() const {
+    return {elementwise("embedding_bwd", OpKind::kEmbedding, tokens_ * h_, 1, 2, 1)};
+  }
+  std::vector<Kernel> output_forward() const {
+    std::vector<Kernel> k;
+    k.push_back(residual_add("final_residual_add"));
+    k.push_back(rmsnorm("final_rmsnorm"));
+    if (p_.sequence_parallel) k.push_back(tp_entry("output_allgather"));
+    k.push_back(fwd_gemm("logits_gemm", vocab_, h_));
+    k.push_back(elementwise("cross_entropy", OpKind::kLoss, tokens_ * vocab_, 5, 1, 0, kFp32));
+    // Vocab-parallel cross entropy reduces max, sum-exp and target logit across TP (fp32).
+    k.push_back(collective("loss_allreduce", CollectiveKind::kAllReduce, CommGroup::kTp,
+                           3.0 * tokens_ * kFp32));
+    return k;
+  }
+  std::vector<Kernel> output_backward() const {
+    std::vector<Kernel> k;
+    k.push_back(elementwise("cross_entropy_bwd", OpKind::kLoss, tokens_ * vocab_, 3, 1, 1, kFp32));
+    k.push_back(dgrad("logits_gemm", vocab_, h_));
+    k.push_back(wgrad("logits_gemm", vocab_, h_));
+    k.push_back(tp_exit(p_.sequence_parallel ? "output_grad_reducescatter"
+                                             : "output_grad_allreduce"));
+    k.push_back(rmsnorm_bwd("final_rmsnorm_bwd"));
+    return k;
+  }
+
+  double layer_params() const {
+    return h_ * (q_cols_ + 2 * kv_cols_) + q_cols_ * h_ + 3.0 * h_ * f_ + 2.0 * h_ +
+           (m_.qk_norm ? 2.0 * m_.head_dim : 0.0);
+  }
+  double vocab_params() const { return vocab_ * h_; }
+
+  Kernel p2p() const {
+    return collective("p2p", CollectiveKind::kP2P, CommGroup::kPp, tokens_ * h_ * kBf16);
+  }
+
+  Kernel dp_grad_reduce(double params) const {
+    return collective("dp_grad_allreduce", CollectiveKind::kAllReduce, CommGroup::kDp,
+                      params * kFp32);
+  }
+  Kernel embedding_grad_reduce() const {
+    return collective("tied_embedding_grad_allreduce", CollectiveKind::kAllReduce,
+                      CommGroup::kEmbedding, vocab_params() * kFp32);
+  }
+
+ private:
+  const Workload& w_;
+  const ModelConfig& m_;
+  const ParallelConfig& p_;
+  double seqs_ = 0, tokens_ = 0, sp_tokens_ = 0, h_ = 0, q_cols_ = 0, kv_cols_ = 0, f_ = 0,
+         vocab_ = 0;
+};
+
+double sum_model_flops(const std::vector<Kernel>& ks, bool include_recompute, bool recompute) {
+  if (recompute && !include_recompute) return 0.0;
+  double s = 0;
+  for (const auto& k : ks) s += k.model_flops;
+  return s;
+}
+
+double instruction_model_flops(const InstructionGraph& ig, bool include_recompute) {
+  double per_nb = 0;
+  for (const auto& b : ig.blocks) per_nb += sum_model_flops(b.ops, include_recompute, b.recompute);
+  return per_nb * ig.nano_batches + sum_model_flops(ig.prologue, true, false) +
+         sum_model_flops(ig.epilogue, true, false);
+}
+
+}  // namespace
+
+KernelGraph build_kernel_graph(const Workload& w) {
+  const auto& p = w.parallel;
+  const int nb = w.batch.nano_batches;
+  const Builder nano(w, static_cast<double>(w.batch.micro_batch) / nb);
+  const Builder micro(w, static_cast<double>(w.batch.micro_batch));
+  const bool recompute = w.recompute == Recompute::kFull;
+
+  KernelGraph g;
+  g.p2p = micro.p2p();
+  const int pp = p.pp;
+  for (int s = 0; s < pp; ++s) {
+    StageGraph sg;
+    sg.stage = s;
+    sg.layers = p.stage_layers.at(static_cast<std::size_t>(s));
+    sg.forward.stage = sg.backward.stage = s;
+    sg.forward.kind = InstructionKind::kForward;
+    sg.backward.kind = InstructionKind::kBackward;
+    sg.forward.nano_batches = sg.backward.nano_batches = nb;
+    const auto fwd = nano.forward_layer(false);
+    const auto rec = nano.forward_layer(true);
+    const auto bwd = nano.backward_layer();
+    for (int l = 0; l < sg.layers; ++l) {
+      sg.forward.blocks.insert(sg.forward.blocks.end(), fwd.begin(), fwd.end());
+      if (recompute) sg.backward.blocks.insert(sg.backward.blocks.end(), rec.begin(), rec.end());
+      sg.backward.blocks.insert(sg.backward.blocks.end(), bwd.begin(), bwd.end());
+    }
+    if (s == 0) {
+      sg.forward.prologue = micro.embedding_forward();
+      sg.backward.epilogue = micro.embedding_backward();
+    }
+    if (s == pp - 1) {
+      sg.forward.epilogue = micro.output_forward();
+      sg.backward.prologue = micro.output_backward();
+    }
+    double params = sg.layers * nano.layer_params();
+    const bool holds_vocab = s == 0 || s == pp - 1;
+    if (holds_vocab) params += nano.vocab_params();
+    if (pp == 1 && !w.model.tied_embeddings) params += nano.vocab_params();
+    if (p.dp > 1) sg.per_iteration.push_back(nano.dp_grad_reduce(params));
+    if (pp > 1 && w.model.tied_embeddings && holds_vocab) {
+      sg.per_iteration.push_back(nano.embedding_grad_reduce());
+    }
+    g.stages.push_back(std::move(sg));
+  }
+
+  // Whole-job FLOPs: every GPU of a stage runs micro_batches instructions of each kind.
+  const double gpus_per_stage = static_cast<double>(p.tp) * p.cp * p.dp;
+  const double mbs = w.batch.micro_batches;
+  for (const auto& sg : g.stages) {
+    const double model =
+        instruction_model_flops(sg.forward, false) + instruction_model_flops(sg.backward, false);
+    const double hw =
+        instruction_model_flops(sg.forward, true) + instruction_model_flops(sg.backward, true);
+    g.model_flops_per_iteration += model * mbs * gpus_per_stage;
+    g.hardware_flops_per_iteration += hw * mbs * gpus_per_stage;
+  }
+  return g;
+}
+
+}  // namespace kareus

@@ -1,0 +1,60 @@
+#include <gtest/gtest.h>
+
+#include "kareus/error.h"
+#include "kareus/hw.h"
+
+namespace kareus {
+namespace {
+
+TEST(Catalogue, A100ClockTable) {
+  const auto& g = gpu_by_name("a100-sxm4-40gb");
+  const auto f = g.supported_freqs_mhz();
+  ASSERT_EQ(f.size(), 81u);  // (1410 - 210) / 15 + 1
+  EXPECT_EQ(f.front(), 210);
+  EXPECT_EQ(f.back(), 1410);
+  const auto s = g.search_freqs_mhz();
+  ASSERT_EQ(s.size(), 18u);  // 1410, 1380, ..., 900
+  EXPECT_EQ(s.front(), 1410);
+  EXPECT_EQ(s.back(), 900);
+  EXPECT_TRUE(g.supports_freq(1395));
+  EXPECT_FALSE(g.supports_freq(1400));
+  EXPECT_FALSE(g.supports_freq(1425));
+  EXPECT_EQ(g.sm_count, 108);
+  EXPECT_DOUBLE_EQ(g.static_power_w, 85.0);
+}
+
+TEST(Catalogue, A40SearchRange) {
+  const auto s = gpu_by_name("a40").search_freqs_mhz();
+  EXPECT_EQ(s.front(), 1740);
+  EXPECT_EQ(s.back(), 900);
+  EXPECT_DOUBLE_EQ(gpu_by_name("a40").static_power_w, 70.0);
+}
+
+TEST(Catalogue, EveryEntryIsComplete) {
+  for (const auto& name : gpu_names()) {
+    const auto& g = gpu_by_name(name);
+    EXPECT_GT(g.sm_count, 0) << name;
+    EXPECT_GT(g.bf16_peak_tflops, 0) << name;
+    EXPECT_GT(g.hbm_bandwidth_gbs, 0) << name;
+    EXPECT_GT(g.static_power_w, 0) << name;
+    EXPECT_LT(g.static_power_w, g.tdp_w) << name;
+    EXPECT_TRUE(g.supports_freq(g.search_max_freq_mhz)) << name;
+    EXPECT_TRUE(g.supports_freq(g.search_min_freq_mhz)) << name;
+  }
+  EXPECT_EQ(gpu_names().size(), 5u);
+}
+
+TEST(Catalogue, UnknownNameListsKnownOnes) {
+  try {
+    gpu_by_name("v100");
+    FAIL() << "expected InvalidInput";
+  } catch (const InvalidInput& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("v100"), std::string::npos);
+    EXPECT_NE(m.find("a100-sxm4-40gb"), std::string::npos);
+    EXPECT_NE(m.find("h200"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace kareus

@@ -1,0 +1,71 @@
+// Helpers shared by the tests: paths, temporary files and running the CLI as a user would.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace kareus::test {
+
+inline std::string source_path(const std::string& rel) {
+  return std::string(KAREUS_SOURCE_DIR) + "/" + rel;
+}
+
+inline std::string paper_workload(const std::string& name) {
+  return source_path("workloads/paper/" + name + ".yaml");
+}
+
+/// A fresh directory under the system temp dir, removed at destruction.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "kareus-test-XXXXXX").string();
+    path_ = mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  std::string write(const std::string& name, const std::string& text) const {
+    std::ofstream(file(name)) << text;
+    return file(name);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// Runs `kareus ARGS` through the shell; captures stdout, stderr and the exit code.
+inline CommandResult run_cli(const std::string& args) {
+  TempDir tmp;
+  const std::string out = tmp.file("out"), err = tmp.file("err");
+  const std::string cmd =
+      std::string(KAREUS_CLI) + " " + args + " >" + out + " 2>" + err + " </dev/null";
+  const int status = std::system(cmd.c_str());
+  CommandResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = read_file(out);
+  r.err = read_file(err);
+  return r;
+}
+
+}  // namespace kareus::test

@@ -1,0 +1,196 @@
+// Workload files: presets, the FLOPs formula on all 14 paper workloads, and every error class.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "kareus/error.h"
+#include "kareus/kernel_graph.h"
+#include "kareus/workload.h"
+#include "test_util.h"
+
+namespace kareus {
+namespace {
+
+const char* kPaper[] = {
+    "llama3.2-3b_tp8_mbs8_seq4096",    "llama3.2-3b_tp8_mbs8_seq8192",
+    "llama3.2-3b_tp8_mbs16_seq4096",   "llama3.2-3b_cp2tp4_mbs8_seq4096",
+    "llama3.2-3b_cp2tp4_mbs8_seq8192", "llama3.2-3b_cp2tp4_mbs16_seq4096",
+    "qwen3-1.7b_tp8_mbs8_seq4096",     "qwen3-1.7b_tp8_mbs8_seq8192",
+    "qwen3-1.7b_tp8_mbs16_seq4096",    "qwen3-1.7b_cp2tp4_mbs8_seq4096",
+    "qwen3-1.7b_cp2tp4_mbs8_seq8192",  "qwen3-1.7b_cp2tp4_mbs16_seq4096",
+    "llama3.3-70b_tp8_mbs2_seq4096",   "llama3.3-70b_tp8_mbs4_seq4096"};
+
+// The issue's formula, written out independently of the kernel graph:
+// 3 * sum_layers T*(2h(a+2g)d + 2adh + 6hf + 2sad) + 3*T*2hV, T = tokens per iteration.
+double formula_model_flops(double layers, double h, double f, double a, double g, double d,
+                           double vocab, double s, double tokens) {
+  const double per_layer =
+      tokens * (2 * h * (a + 2 * g) * d + 2 * a * d * h + 6 * h * f + 2 * s * a * d);
+  return 3 * layers * per_layer + 3 * tokens * 2 * h * vocab;
+}
+
+TEST(Workload, PaperSuiteIsComplete) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(test::source_path("workloads/paper"))) {
+    if (e.path().extension() == ".yaml") ++n;
+  }
+  EXPECT_EQ(n, 14);
+}
+
+TEST(Workload, PaperSuiteFlopsMatchFormula) {
+  for (const char* name : kPaper) {
+    const Workload w = load_workload(test::paper_workload(name));
+    EXPECT_EQ(w.cluster.gpus(), 16) << name;
+    EXPECT_EQ(w.parallel.pp, 2) << name;
+    EXPECT_EQ(w.batch.micro_batches, 8) << name;
+    const auto& m = w.model;
+    const double tokens = static_cast<double>(w.batch.micro_batch) * w.batch.seq_len * 8;
+    const double expect = formula_model_flops(m.layers, m.hidden, m.ffn_hidden, m.heads,
+                                              m.kv_heads, m.head_dim, m.vocab, w.batch.seq_len,
+                                              tokens);
+    // Recompute repeats the forward of every layer: one third of the layers' 3x.
+    const double layer_fwd = (expect - 3 * tokens * 2 * m.hidden * m.vocab) / 3.0;
+    const auto g = build_kernel_graph(w);
+    EXPECT_NEAR(g.model_flops_per_iteration / expect, 1.0, 0.01) << name;
+    EXPECT_NEAR(g.hardware_flops_per_iteration / (expect + layer_fwd), 1.0, 0.01) << name;
+  }
+}
+
+TEST(Workload, HandComputedLlama3bFlops) {
+  // Llama 3.2 3B, mbs 8, seq 4096, 8 micro-batches: T = 262144 tokens.
+  // per layer: 2*3072*(24+16)*128 = 31457280; 2*24*128*3072 = 18874368;
+  // 6*3072*8192 = 150994944; 2*4096*24*128 = 25165824; sum 226492416 per token.
+  // 3 * 28 * 226492416 * 262144 + 3 * 262144 * 2 * 3072 * 128256
+  const double expect = 3.0 * 28 * 226492416.0 * 262144 + 3.0 * 262144 * 2 * 3072 * 128256;
+  const auto g = build_kernel_graph(load_workload(test::paper_workload(kPaper[0])));
+  EXPECT_NEAR(g.model_flops_per_iteration / expect, 1.0, 1e-9);
+}
+
+TEST(Workload, PresetsMatchPublishedConfigs) {
+  const auto l = model_preset("llama3.2-3b");
+  EXPECT_EQ(l.layers, 28);
+  EXPECT_EQ(l.hidden, 3072);
+  EXPECT_EQ(l.kv_heads, 8);
+  EXPECT_TRUE(l.tied_embeddings);
+  const auto q = model_preset("qwen3-1.7b");
+  EXPECT_TRUE(q.qk_norm);
+  EXPECT_EQ(q.vocab, 151936);
+  const auto b = model_preset("llama3.3-70b");
+  EXPECT_EQ(b.layers, 80);
+  EXPECT_FALSE(b.tied_embeddings);
+}
+
+TEST(Workload, StageLayersDefaultToEvenSplit) {
+  const Workload w = parse_workload(R"(
+model: llama3.2-3b
+gpu: a100-sxm4-40gb
+cluster: {nodes: 1, gpus_per_node: 8}
+parallel: {tp: 2, pp: 4}
+batch: {micro_batch: 2, seq_len: 1024, micro_batches: 4}
+)",
+                                    "inline.yaml");
+  EXPECT_EQ(w.parallel.stage_layers, (std::vector<int>{7, 7, 7, 7}));
+  EXPECT_EQ(w.batch.nano_batches, 2);
+}
+
+// ---- Every error class: exit code 2 and a message naming the file and the key.
+
+const char* kGood = R"(model: llama3.2-3b
+gpu: a100-sxm4-40gb
+cluster: {nodes: 2, gpus_per_node: 8}
+parallel: {tp: 8, cp: 1, pp: 2, dp: 1, sequence_parallel: false, stage_layers: [15, 13]}
+batch: {micro_batch: 8, seq_len: 4096, micro_batches: 8, nano_batches: 2}
+recompute: full
+)";
+
+std::string replace(std::string s, const std::string& from, const std::string& to) {
+  const auto pos = s.find(from);
+  EXPECT_NE(pos, std::string::npos) << from;
+  return s.replace(pos, from.size(), to);
+}
+
+struct BadCase {
+  const char* label;
+  std::string yaml;
+  const char* key;  ///< must appear in the message
+};
+
+TEST(WorkloadErrors, EveryClassExitsTwoNamingFileAndKey) {
+  const std::string g = kGood;
+  const std::vector<BadCase> cases = {
+      {"yaml syntax", replace(g, "batch: {micro_batch", "batch: {{micro_batch"), "line"},
+      {"missing key", replace(g, "gpu: a100-sxm4-40gb\n", ""), "'gpu'"},
+      {"unknown key", g + "optimizer: adam\n", "'optimizer'"},
+      {"unknown nested key", replace(g, "nano_batches: 2", "nano_batch: 2"), "batch.nano_batch"},
+      {"wrong type", replace(g, "micro_batch: 8", "micro_batch: eight"), "batch.micro_batch"},
+      {"wrong type list", replace(g, "[15, 13]", "fifteen"), "parallel.stage_layers"},
+      {"negative size", replace(g, "seq_len: 4096", "seq_len: -4096"), "batch.seq_len"},
+      {"zero size", replace(g, "micro_batches: 8", "micro_batches: 0"), "batch.micro_batches"},
+      {"gpu count", replace(g, "dp: 1", "dp: 2"), "'parallel'"},
+      {"heads not divisible", replace(replace(g, "tp: 8", "tp: 16"), "nodes: 2", "nodes: 4"),
+       "parallel.tp"},
+      {"kv_heads not divisible",
+       replace(replace(replace(g, "model: llama3.2-3b",
+                               "model: {layers: 28, hidden: 3072, ffn_hidden: 8192, heads: 24, "
+                               "kv_heads: 6, head_dim: 128, vocab: 128256}"),
+                       "tp: 8", "tp: 4"),
+               "cp: 1", "cp: 2"),
+       "parallel.tp"},
+      {"stage_layers sum", replace(g, "[15, 13]", "[15, 12]"), "parallel.stage_layers"},
+      {"unknown model", replace(g, "llama3.2-3b", "llama9"), "'model'"},
+      {"unknown gpu", replace(g, "a100-sxm4-40gb", "tpu-v5"), "'gpu'"},
+      {"bad recompute", replace(g, "recompute: full", "recompute: some"), "'recompute'"},
+      {"bad nano_batches", replace(g, "nano_batches: 2", "nano_batches: 3"), "batch.nano_batches"},
+  };
+  test::TempDir tmp;
+  for (const auto& c : cases) {
+    const std::string path = tmp.write("bad.yaml", c.yaml);
+    const auto r = test::run_cli("workload show " + path + " --json");
+    EXPECT_EQ(r.exit_code, 2) << c.label << ": " << r.err;
+    EXPECT_NE(r.err.find(path), std::string::npos) << c.label << ": " << r.err;
+    EXPECT_NE(r.err.find(c.key), std::string::npos) << c.label << ": " << r.err;
+    EXPECT_EQ(r.err.find("internal error"), std::string::npos) << c.label;
+    EXPECT_TRUE(r.out.empty()) << c.label;
+  }
+}
+
+TEST(WorkloadErrors, MessagesSayWhatIsAllowed) {
+  const std::string g = kGood;
+  EXPECT_THROW(
+      {
+        try {
+          parse_workload(replace(g, "a100-sxm4-40gb", "tpu"), "x.yaml");
+        } catch (const InvalidInput& e) {
+          EXPECT_NE(std::string(e.what()).find("h100-sxm"), std::string::npos);
+          throw;
+        }
+      },
+      InvalidInput);
+  EXPECT_THROW(
+      {
+        try {
+          parse_workload(g + "foo: 1\n", "x.yaml");
+        } catch (const InvalidInput& e) {
+          EXPECT_NE(std::string(e.what()).find("allowed keys here: model"), std::string::npos);
+          throw;
+        }
+      },
+      InvalidInput);
+}
+
+TEST(WorkloadErrors, MissingFileExitsTwo) {
+  const auto r = test::run_cli("workload show /nonexistent/w.yaml");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("/nonexistent/w.yaml"), std::string::npos);
+}
+
+TEST(WorkloadErrors, EmptyAndNonMappingFiles) {
+  test::TempDir tmp;
+  for (const char* text : {"", "- 1\n- 2\n", "just a string\n"}) {
+    const auto r = test::run_cli("workload show " + tmp.write("w.yaml", text));
+    EXPECT_EQ(r.exit_code, 2) << text << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace kareus

@@ -1,0 +1,129 @@
+// `kareus workload show FILE [--json]`: the partitions and segments of a workload.
+#include <fmt/format.h>
+
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "kareus/partition.h"
+#include "kareus/table.h"
+
+namespace kareus::cli {
+namespace {
+
+nlohmann::json kernel_json(const Kernel& k) {
+  nlohmann::json j = {{"name", k.name},
+                      {"kind", to_string(k.kind)},
+                      {"flops", k.flops},
+                      {"bytes", k.bytes()},
+                      {"bytes_read", k.bytes_read},
+                      {"bytes_written", k.bytes_written}};
+  if (k.kind == OpKind::kGemm) j["shape"] = {k.m, k.n, k.k};
+  if (k.is_collective()) {
+    j["collective"] = to_string(k.collective);
+    j["group"] = to_string(k.group);
+    j["group_size"] = k.group_size;
+    j["payload_bytes"] = k.payload_bytes;
+    j["inter_node"] = k.inter_node;
+  }
+  return j;
+}
+
+nlohmann::json workload_json(const Workload& w, const PartitionSet& ps) {
+  nlohmann::json j;
+  j["workload"] = w.name;
+  j["gpu"] = w.gpu_name;
+  j["gpus"] = w.cluster.gpus();
+  j["model_flops_per_iteration"] = ps.graph.model_flops_per_iteration;
+  j["hardware_flops_per_iteration"] = ps.graph.hardware_flops_per_iteration;
+  j["partitions"] = nlohmann::json::array();
+  for (const auto& p : ps.partitions) {
+    nlohmann::json pj;
+    pj["key"] = p.key;
+    pj["instruction"] = to_string(p.direction);
+    pj["signature"] = p.signature;
+    pj["repeats"] = p.repeats();
+    pj["collective"] = {{"kind", to_string(p.collective.collective)},
+                        {"group", to_string(p.collective.group)},
+                        {"bytes", p.collective.payload_bytes},
+                        {"group_size", p.collective.group_size}};
+    pj["launch_slots"] = p.slot_names();
+    pj["compute_ops"] = nlohmann::json::array();
+    for (const auto& k : p.compute_ops) pj["compute_ops"].push_back(kernel_json(k));
+    pj["compute_flops"] = p.compute_flops();
+    pj["occurrences"] = nlohmann::json::array();
+    for (const auto& o : p.occurrences) {
+      pj["occurrences"].push_back(
+          {{"stage", o.stage}, {"instruction", to_string(o.instruction)}, {"count", o.count}});
+    }
+    j["partitions"].push_back(pj);
+  }
+  j["segments"] = nlohmann::json::array();
+  for (const auto& s : ps.segments) {
+    nlohmann::json sj = {{"name", s.name}, {"stage", s.stage}, {"instruction", s.instruction}};
+    sj["kernels"] = nlohmann::json::array();
+    for (const auto& k : s.kernels) sj["kernels"].push_back(kernel_json(k));
+    j["segments"].push_back(sj);
+  }
+  return j;
+}
+
+std::string workload_text(const Workload& w, const PartitionSet& ps) {
+  std::string out = fmt::format(
+      "workload {}: {} on {} x {} ({} GPUs), tp {} cp {} pp {} dp {}{}, micro-batch {} x seq {}, "
+      "{} micro-batches, {} nano-batches\n",
+      w.name, w.model.name, w.cluster.nodes, w.cluster.gpus_per_node, w.cluster.gpus(),
+      w.parallel.tp, w.parallel.cp, w.parallel.pp, w.parallel.dp,
+      w.parallel.sequence_parallel ? " (sequence parallel)" : "", w.batch.micro_batch,
+      w.batch.seq_len, w.batch.micro_batches, w.batch.nano_batches);
+  out += fmt::format("model FLOPs per iteration {}, hardware FLOPs (with recompute) {}\n\n",
+                     human_flops(ps.graph.model_flops_per_iteration),
+                     human_flops(ps.graph.hardware_flops_per_iteration));
+  TextTable t({"partition", "collective", "payload", "launch slots", "repeats", "compute FLOPs"});
+  for (const auto& p : ps.partitions) {
+    std::string slots;
+    for (const auto& s : p.slot_names()) slots += (slots.empty() ? "" : ",") + s;
+    t.add_row({p.key,
+               fmt::format("{} {}/{}", to_string(p.collective.collective),
+                           to_string(p.collective.group), p.collective.group_size),
+               human_bytes(p.collective.payload_bytes), slots, std::to_string(p.repeats()),
+               human_flops(p.compute_flops())});
+  }
+  out += t.render();
+  out += "\nsegments (run without overlap):\n";
+  TextTable s({"segment", "stage", "instruction", "kernels"});
+  for (const auto& seg : ps.segments) {
+    std::string names;
+    for (const auto& k : seg.kernels) names += (names.empty() ? "" : ",") + k.name;
+    if (names.size() > 60) names = names.substr(0, 57) + "...";
+    s.add_row({seg.name, std::to_string(seg.stage), seg.instruction, names});
+  }
+  out += s.render();
+  return out;
+}
+
+}  // namespace
+
+void register_workload(CLI::App& app, Action& action) {
+  auto* wl = app.add_subcommand("workload", "Inspect a workload file");
+  wl->require_subcommand(1);
+  auto* show = wl->add_subcommand("show", "Show the partitions and segments of a workload");
+  static std::string file;
+  static bool json = false;
+  show->add_option("FILE", file, "workload YAML file")->required();
+  show->add_flag("--json", json, "machine-readable output");
+  show->callback([&action] {
+    action = [] {
+      const Workload w = load_workload(file);
+      const PartitionSet ps = partition_workload(w);
+      if (json) {
+        std::cout << workload_json(w, ps).dump(2) << "\n";
+      } else {
+        std::cout << workload_text(w, ps);
+      }
+      return 0;
+    };
+  });
+}
+
+}  // namespace kareus::cli

@@ -1,0 +1,14 @@
+// The `kareus` CLI: each verb registers its subcommand and the action to run after parsing.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace kareus::cli {
+
+/// The action a verb runs once the command line is parsed; returns the exit code.
+using Action = std::function<int()>;
+
+void register_workload(CLI::App& app, Action& action);
+
+}  // namespace kareus::cli

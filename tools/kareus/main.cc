@@ -1,0 +1,45 @@
+// Entry point of the `kareus` CLI. The only place that turns errors into exit codes:
+// 0 success, 1 internal error, 2 invalid input (bad file, flag or database).
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "commands.h"
+#include "kareus/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "Kareus: joint frequency, SM-allocation and launch-timing planning that cuts the energy "
+      "and time of large-model training."};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "kareus 0.1.0");
+  kareus::cli::Action action;
+  kareus::cli::register_workload(app, action);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+  try {
+    return action ? action() : 0;
+  } catch (const kareus::InvalidInput& e) {
+    std::fprintf(stderr, "kareus: error: %s\n", e.what());
+    return 2;
+  } catch (const kareus::NotSupported& e) {
+    std::fprintf(stderr, "kareus: not supported: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kareus: internal error: %s\n", e.what());
+    return 1;
+  }
+}
