@@ -32,7 +32,8 @@ struct Kernel {
   double model_flops = 0;  ///< its share of the model-FLOPs formula (GEMMs and attention only)
   double bytes_read = 0;   ///< HBM bytes read
   double bytes_written = 0;
-  /// GEMM shape (C[m,n] = A[m,k] B[k,n]); attention uses m = query rows, n = key rows, k = dim.
+  /// GEMM shape (C[m,n] = A[m,k] B[k,n]); attention uses m = query rows x local heads, n = key
+  /// rows, k = head dim.
   std::int64_t m = 0, n = 0, k = 0;
 
   // Collectives only.

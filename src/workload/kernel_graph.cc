@@ -166,7 +166,8 @@ class Builder {
     const double kv = kv_rows * 2.0 * kv_cols_ * kBf16;
     k.bytes_read = backward ? 2.0 * qo + kv + qo : qo + kv;  // bwd also reads O and dO
     k.bytes_written = backward ? qo + kv / p_.cp : qo;
-    k.m = static_cast<std::int64_t>(q_rows);
+    // m counts query rows over all local heads, so that m / tile rows gives the CTA count.
+    k.m = static_cast<std::int64_t>(q_rows * static_cast<double>(m_.heads) / p_.tp);
     k.n = static_cast<std::int64_t>(s);
     k.k = m_.head_dim;
     return k;

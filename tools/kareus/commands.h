@@ -10,5 +10,8 @@ namespace kareus::cli {
 using Action = std::function<int()>;
 
 void register_workload(CLI::App& app, Action& action);
+void register_emulate(CLI::App& app, Action& action);
+void register_calibrate(CLI::App& app, Action& action);
+void register_profile(CLI::App& app, Action& action);
 
 }  // namespace kareus::cli

@@ -17,6 +17,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "kareus 0.1.0");
   kareus::cli::Action action;
   kareus::cli::register_workload(app, action);
+  kareus::cli::register_profile(app, action);
+  kareus::cli::register_emulate(app, action);
+  kareus::cli::register_calibrate(app, action);
 
   try {
     app.parse(argc, argv);

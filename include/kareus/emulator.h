@@ -1,0 +1,168 @@
+// The embedded GPU emulator: an event-driven simulation of one partition (or a kernel sequence)
+// on one GPU of its group, and of a whole training iteration under a 1F1B pipeline schedule.
+// docs/emulator.md derives the model and lists every parameter with its source or fit.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kareus/hw.h"
+#include "kareus/partition.h"
+#include "kareus/profiler.h"
+
+namespace kareus {
+
+/// Model parameters. Defaults are the published figures and the values fitted by
+/// `kareus calibrate` (see docs/emulator.md); `fitted` marks those the fit changes.
+struct EmulatorParams {
+  // Compute. Efficiencies are fractions of the bf16 tensor peak at the running clock,
+  // multiplied by `achieved_fraction` (fitted: how far a real training step is from
+  // best-case microbenchmarks).
+  double gemm_best_efficiency = 0.87;   ///< cuBLAS best shape, A100: 271/312 TFLOP/s
+  double attn_fwd_best_efficiency = 0.73;  ///< FlashAttention-2 forward on A100
+  double attn_bwd_best_efficiency = 0.58;  ///< FlashAttention-2 backward on A100
+  double achieved_fraction = 0.679216;  ///< fitted
+  double gemm_tile_m = 128;             ///< CTA tile for wave quantization
+  double gemm_tile_n = 256;
+  double gemm_k_half = 64;              ///< K at which the main loop reaches half efficiency
+  double attn_tile_q = 128;             ///< query rows per CTA
+  double cuda_core_fraction = 1.0 / 16; ///< non-tensor FLOP rate as a fraction of bf16 peak
+  double launch_overhead_s = 4e-6;
+  // Memory.
+  double hbm_efficiency = 0.89;         ///< achievable fraction of peak HBM bandwidth
+  double hbm_clock_sensitivity = 0.15;  ///< bandwidth loss at zero SM clock (linear in f)
+  double hbm_saturation_sm_fraction = 0.5;  ///< SM share needed to saturate HBM
+  // Collectives.
+  double nccl_sms_to_saturate = 16;     ///< CTAs at which a ring reaches the link bandwidth
+  double collective_latency_s = 15e-6;
+  double collective_hbm_factor = 3.0;   ///< HBM bytes moved per wire byte (read, write, reduce)
+  double internode_efficiency = 0.9;
+  double overlap_slowdown = 0.0;        ///< fitted: extra compute slowdown while a collective runs
+  // Power.
+  double sm_power_w = 244.973;          ///< fitted: all SMs fully active at max clock and voltage
+  double voltage_ratio = 1.25882;       ///< fitted: V(f_max) / V_floor
+  double voltage_knee_mhz = 1080;       ///< voltage floor below this clock (A100: 0.71 V)
+  double idle_activity = 0.3;           ///< SM activity of a resident but stalled kernel
+  double collective_activity = 0.25;    ///< SM activity of a copy/reduce CTA
+  double hbm_pj_per_bit = 7.0;
+  double link_pj_per_bit = 8.0;
+
+  /// Stable text of every field, for fingerprints and `kareus calibrate` output.
+  std::string to_string() const;
+  std::map<std::string, double*> fields();
+};
+
+/// Result of simulating one partition or kernel sequence (one GPU).
+struct SimResult {
+  double time_s = 0;
+  double dynamic_energy_j = 0;  ///< above static power
+  double compute_end_s = 0;     ///< when the compute stream finished
+  double collective_end_s = 0;  ///< when the collective finished (0 if none)
+};
+
+class EmulatorModel {
+ public:
+  EmulatorModel(const GpuSpec& gpu, EmulatorParams params = {});
+
+  const GpuSpec& gpu() const { return gpu_; }
+  const EmulatorParams& params() const { return p_; }
+
+  /// Partition with the collective launched before compute op `slot.op_index`, `sms` CTAs.
+  SimResult simulate_partition(const Partition& part, const PartitionConfig& c) const;
+  /// Kernels one after another (collectives alone, with `collective_sms` CTAs).
+  SimResult simulate_sequence(const std::vector<Kernel>& kernels, int freq_mhz,
+                              int collective_sms) const;
+  /// Compute kernels `ops` overlapped with `collective` launched before op `slot_index`.
+  SimResult simulate_overlap(const std::vector<Kernel>& ops, const Kernel* collective,
+                             int slot_index, int sms, int freq_mhz) const;
+  /// Time of a point-to-point message between pipeline stages (edge delay).
+  double p2p_time_s(const Kernel& p2p) const;
+  double p2p_dynamic_energy_j(const Kernel& p2p) const;
+
+  /// NCCL's default CTA count for a collective (the Nanobatching baseline).
+  int default_collective_sms(const Kernel& collective) const;
+
+  /// Voltage relative to the floor at a clock (1 at and below the knee).
+  double relative_voltage(double freq_mhz) const;
+
+ private:
+  struct Rates;
+  Rates rates(const Kernel* op, int op_sms, const Kernel* coll, int coll_sms, double f) const;
+  Rates capped_rates(const Kernel* op, int op_sms, const Kernel* coll, int coll_sms,
+                     int freq_mhz) const;
+
+  GpuSpec gpu_;
+  EmulatorParams p_;
+  std::vector<int> clocks_desc_;  ///< supported clocks, descending, for power capping
+};
+
+/// The emulator behind the Profiler interface: adds seeded multiplicative noise and an optional
+/// wall-clock delay per measurement.
+class EmulatorProfiler : public Profiler {
+ public:
+  EmulatorProfiler(const ProfilerOptions& o, EmulatorParams params = {});
+  std::string name() const override { return "emulator"; }
+  std::string fingerprint() const override;
+  const GpuSpec& gpu() const override { return model_.gpu(); }
+  double static_power_w() const override { return model_.gpu().static_power_w; }
+  Measurement measure(const Partition& p, const PartitionConfig& c) override;
+  Measurement measure_segment(const Segment& s, int freq_mhz) override;
+  const EmulatorModel& model() const { return model_; }
+
+ private:
+  Measurement finish(double time_s, double dyn_j, const std::string& noise_key);
+  EmulatorModel model_;
+  ProfilerOptions opt_;
+};
+
+// ---- Whole-iteration simulation.
+
+enum class ExecutionMode { kSequential, kOverlapped };
+
+/// How one instruction runs: its clock and, when overlapped, each partition's SMs and slot.
+struct InstructionSettings {
+  int freq_mhz = 0;
+  std::map<std::string, PartitionConfig> partitions;  ///< by partition key; freq ignored
+};
+
+using SettingsFn = std::function<InstructionSettings(int stage, InstructionKind kind, int mb)>;
+
+struct StageResult {
+  int stage = 0;
+  double energy_j_per_gpu = 0;       ///< static included
+  double dynamic_energy_j_per_gpu = 0;
+  double busy_time_s = 0;
+};
+
+struct IterationResult {
+  double iteration_time_s = 0;
+  double energy_j = 0;  ///< whole job (every GPU), one iteration
+  std::vector<StageResult> stages;
+  double energy_j_per_gpu_sum_over_stages() const;
+};
+
+/// Time and dynamic energy of one instruction (one micro-batch, one GPU of the stage).
+struct InstructionCost {
+  double time_s = 0;
+  double dynamic_energy_j = 0;
+};
+
+InstructionCost emulate_instruction(const PartitionSet& ps, const EmulatorModel& m,
+                                    ExecutionMode mode, int stage, InstructionKind kind,
+                                    const InstructionSettings& s);
+
+/// Synchronous 1F1B over pp stages and micro-batches (Narayanan et al., SC '21).
+IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, ExecutionMode mode,
+                                  const SettingsFn& settings);
+
+/// The two reference schedules at a uniform clock: `megatron` (no nano-batches, kernels in
+/// order) and `nanobatch` (collective at the partition start with NCCL's default CTAs).
+IterationResult emulate_schedule(const Workload& w, const EmulatorModel& m,
+                                 const std::string& schedule, int freq_mhz);
+
+/// Order of instructions on a stage under 1F1B: (kind, micro-batch) pairs.
+std::vector<std::pair<InstructionKind, int>> one_f_one_b_order(int stage, int stages, int mbs);
+
+}  // namespace kareus

@@ -1,0 +1,70 @@
+// Profiling interface: measure the time and energy of one partition under one configuration
+// (SM clock, SMs of the collective, launch slot), of a segment at a clock, and the device's
+// static power. Backends are chosen by name through a registry: `emulator` (the embedded
+// model), `trace` (replays a CSV of measurements taken elsewhere). A `cuda` backend that
+// profiles real partitions plugs in here later without changing callers.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kareus/hw.h"
+#include "kareus/partition.h"
+
+namespace kareus {
+
+/// The knobs of one partition. `slot` names one of Partition::slots.
+struct PartitionConfig {
+  int freq_mhz = 0;
+  int sms = 0;  ///< SMs (one CTA each) given to the collective
+  std::string slot;
+  bool operator==(const PartitionConfig&) const = default;
+};
+
+/// One measurement. Energies are per GPU; static_energy_j = static power x time_s exactly and
+/// dynamic_energy_j = energy_j - static_energy_j.
+struct Measurement {
+  double time_s = 0;
+  double energy_j = 0;
+  double dynamic_energy_j = 0;
+  double static_energy_j = 0;
+};
+
+struct ProfilerOptions {
+  std::string gpu;             ///< catalogue name (from the workload)
+  double noise = 0.01;         ///< emulator: multiplicative measurement noise (std. dev.)
+  std::uint64_t seed = 1;      ///< emulator: noise seed
+  int delay_ms = 0;            ///< emulator: wall time each measurement takes
+  std::string trace_path;      ///< trace: CSV file
+};
+
+class Profiler {
+ public:
+  virtual ~Profiler() = default;
+  /// Registry name of the backend.
+  virtual std::string name() const = 0;
+  /// Everything that changes the backend's numbers (model parameters, noise, trace file
+  /// contents): stored measurements are reused only under the same fingerprint.
+  virtual std::string fingerprint() const = 0;
+  virtual const GpuSpec& gpu() const = 0;
+  virtual double static_power_w() const = 0;
+  virtual Measurement measure(const Partition& p, const PartitionConfig& c) = 0;
+  /// A segment runs alone; `instance` distinguishes segments with the same name.
+  virtual Measurement measure_segment(const Segment& s, int freq_mhz) = 0;
+};
+
+using ProfilerFactory = std::function<std::unique_ptr<Profiler>(const ProfilerOptions&)>;
+
+/// Registers a backend; returns true so it can initialise a static.
+bool register_profiler(const std::string& name, ProfilerFactory factory);
+/// Creates a backend by name; an unknown name throws InvalidInput listing the known names.
+std::unique_ptr<Profiler> create_profiler(const std::string& name, const ProfilerOptions& o);
+std::vector<std::string> profiler_names();
+
+/// Splits total energy into static and dynamic parts.
+Measurement make_measurement(double time_s, double energy_j, double static_power_w);
+
+}  // namespace kareus

@@ -1,0 +1,78 @@
+// The profile store: every measurement Kareus takes, in an SQLite database in WAL mode.
+// Each measurement is committed before the next one starts, so a run killed at any moment
+// (SIGKILL included) loses nothing it finished; re-running with the same database measures only
+// what is missing. Measurements are keyed by GPU type, backend fingerprint (model parameters,
+// noise and seed, or trace contents), partition signature (shapes, not just the key) and
+// configuration, so a point is reused only when it is the same measurement.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kareus/profiler.h"
+
+namespace kareus {
+
+struct StoreKey {
+  std::string gpu;
+  std::string backend;    ///< Profiler::fingerprint()
+  std::string signature;  ///< Partition::signature, or a segment's signature
+  std::string label;      ///< partition key or segment name, for people reading the database
+  int freq_mhz = 0;
+  int sms = 0;
+  std::string slot;
+};
+
+class ProfileStore {
+ public:
+  /// Opens or creates the store at `path`. A file that is not SQLite, an SQLite database that
+  /// is not a Kareus store, a newer format, or a corrupt file throws InvalidInput.
+  explicit ProfileStore(const std::string& path);
+  ~ProfileStore();
+  ProfileStore(const ProfileStore&) = delete;
+  ProfileStore& operator=(const ProfileStore&) = delete;
+
+  std::optional<Measurement> find(const StoreKey& k) const;
+  /// Inserts and commits (a point already stored is kept, not overwritten).
+  void put(const StoreKey& k, const Measurement& m);
+  /// Measurements stored for one partition under one backend.
+  std::size_t count(const std::string& gpu, const std::string& backend,
+                    const std::string& signature) const;
+  std::size_t count_all() const;
+  const std::string& path() const { return path_; }
+
+  static constexpr int kFormatVersion = 1;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::string path_;
+};
+
+/// A profiler with a store in front: stored points are returned without measuring; new ones are
+/// measured and committed at once. Counts how many of each it served.
+class CachedProfiler {
+ public:
+  CachedProfiler(Profiler& backend, ProfileStore* store) : backend_(backend), store_(store) {}
+  Measurement measure(const Partition& p, const PartitionConfig& c);
+  Measurement measure_segment(const Segment& s, int freq_mhz);
+  /// True when the point is already in the store (no measurement needed).
+  bool stored(const Partition& p, const PartitionConfig& c) const;
+  Profiler& backend() { return backend_; }
+  int measured() const { return measured_; }
+  int reused() const { return reused_; }
+
+ private:
+  StoreKey key(const Partition& p, const PartitionConfig& c) const;
+  Profiler& backend_;
+  ProfileStore* store_;
+  int measured_ = 0;
+  int reused_ = 0;
+};
+
+/// Signature of a segment's work (kernel shapes), for store keys.
+std::string segment_signature(const Segment& s);
+
+}  // namespace kareus

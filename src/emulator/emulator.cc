@@ -1,0 +1,274 @@
+// Event-driven emulation of one partition on one GPU.
+//
+// Between events (a compute kernel ends, the collective starts or ends) every activity runs at
+// a constant rate, so the simulation advances from event to event and integrates power exactly.
+// - Compute kernels: a roofline with frequency (Williams, Waterman, Patterson, "Roofline",
+//   CACM 2009). The compute roof scales with SMs x clock x achievable efficiency; GEMM
+//   efficiency includes wave quantization of CTA tiles over the available SMs (NVIDIA, "Matrix
+//   Multiplication Background User's Guide", 2023) and a short-K penalty. The memory roof is the
+//   achievable HBM bandwidth, weakly dependent on the SM clock and on the SMs that issue loads.
+// - The collective is a ring (Patarasuk & Yuan, JPDC 2009): each GPU moves 2(n-1)/n of an
+//   AllReduce buffer, at min(link bandwidth, CTAs x per-CTA copy rate(clock)). While it runs it
+//   holds its SMs, competes for HBM bandwidth and slows the overlapped compute (measured
+//   interference: Rashidi et al. / arXiv 2507.03114, 10-40%).
+// - Power: static power + C V(f)^2 f x activity per active SM (CMOS dynamic power) + HBM and
+//   link energy per bit. V(f) has a floor below a knee clock (A100: ~0.71 V near 1080 MHz).
+//   When the total exceeds the board power limit, the clock drops to the highest supported
+//   clock that fits, as the GPU's power capping does.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "kareus/emulator.h"
+#include "kareus/error.h"
+
+namespace kareus {
+
+std::map<std::string, double*> EmulatorParams::fields() {
+  return {{"gemm_best_efficiency", &gemm_best_efficiency},
+          {"attn_fwd_best_efficiency", &attn_fwd_best_efficiency},
+          {"attn_bwd_best_efficiency", &attn_bwd_best_efficiency},
+          {"achieved_fraction", &achieved_fraction},
+          {"gemm_tile_m", &gemm_tile_m},
+          {"gemm_tile_n", &gemm_tile_n},
+          {"gemm_k_half", &gemm_k_half},
+          {"attn_tile_q", &attn_tile_q},
+          {"cuda_core_fraction", &cuda_core_fraction},
+          {"launch_overhead_s", &launch_overhead_s},
+          {"hbm_efficiency", &hbm_efficiency},
+          {"hbm_clock_sensitivity", &hbm_clock_sensitivity},
+          {"hbm_saturation_sm_fraction", &hbm_saturation_sm_fraction},
+          {"nccl_sms_to_saturate", &nccl_sms_to_saturate},
+          {"collective_latency_s", &collective_latency_s},
+          {"collective_hbm_factor", &collective_hbm_factor},
+          {"internode_efficiency", &internode_efficiency},
+          {"overlap_slowdown", &overlap_slowdown},
+          {"sm_power_w", &sm_power_w},
+          {"voltage_ratio", &voltage_ratio},
+          {"voltage_knee_mhz", &voltage_knee_mhz},
+          {"idle_activity", &idle_activity},
+          {"collective_activity", &collective_activity},
+          {"hbm_pj_per_bit", &hbm_pj_per_bit},
+          {"link_pj_per_bit", &link_pj_per_bit}};
+}
+
+std::string EmulatorParams::to_string() const {
+  std::string s;
+  for (const auto& [name, ptr] : const_cast<EmulatorParams*>(this)->fields()) {
+    s += fmt::format("{}={:.9g};", name, *ptr);
+  }
+  return s;
+}
+
+struct EmulatorModel::Rates {
+  double op_time_s = std::numeric_limits<double>::infinity();  ///< whole op at this rate
+  double coll_bytes_per_s = 0;                                  ///< wire bytes per second
+  double power_w = 0;                                           ///< dynamic power
+};
+
+EmulatorModel::EmulatorModel(const GpuSpec& gpu, EmulatorParams params)
+    : gpu_(gpu), p_(params) {
+  clocks_desc_ = gpu_.supported_freqs_mhz();
+  std::reverse(clocks_desc_.begin(), clocks_desc_.end());
+}
+
+double EmulatorModel::relative_voltage(double f) const {
+  const double fmax = gpu_.max_freq_mhz;
+  const double knee = std::min(p_.voltage_knee_mhz, fmax);
+  if (f <= knee || fmax <= knee) return 1.0;
+  return 1.0 + (p_.voltage_ratio - 1.0) * (f - knee) / (fmax - knee);
+}
+
+int EmulatorModel::default_collective_sms(const Kernel& /*collective*/) const {
+  return gpu_.nccl_default_channels;
+}
+
+EmulatorModel::Rates EmulatorModel::rates(const Kernel* op, int op_sms, const Kernel* coll,
+                                          int coll_sms, double f) const {
+  const double N = gpu_.sm_count;
+  const double fr = f / gpu_.max_freq_mhz;
+  const double vmax = relative_voltage(gpu_.max_freq_mhz);
+  const double v = relative_voltage(f);
+  const double sm_w_per_sm = p_.sm_power_w / N * (v * v) / (vmax * vmax) * fr;
+  const double hbm_full = gpu_.hbm_bandwidth_gbs * 1e9 * p_.hbm_efficiency *
+                          (1.0 - p_.hbm_clock_sensitivity * (1.0 - fr));
+  Rates r;
+  double op_hbm_rate = 0, coll_hbm_rate = 0, t_c = 0, t_m = 0;
+  if (coll) {
+    const double link = coll->inter_node
+                            ? gpu_.internode_bandwidth_gbs * 1e9 * p_.internode_efficiency
+                            : gpu_.nccl_ring_busbw_gbs * 1e9;
+    const double per_cta = gpu_.nccl_ring_busbw_gbs * 1e9 / p_.nccl_sms_to_saturate * fr;
+    r.coll_bytes_per_s = std::min(link, coll_sms * per_cta);
+    coll_hbm_rate = r.coll_bytes_per_s * p_.collective_hbm_factor;
+  }
+  if (op) {
+    const double n = std::max(1, op_sms);
+    const double peak = gpu_.bf16_peak_tflops * 1e12 * fr * (n / N);
+    double eff = 1.0;
+    switch (op->kind) {
+      case OpKind::kGemm: {
+        const double tiles = std::ceil(op->m / p_.gemm_tile_m) * std::ceil(op->n / p_.gemm_tile_n);
+        const double waves = std::ceil(tiles / n);
+        const double k = static_cast<double>(op->k);
+        eff = p_.gemm_best_efficiency * p_.achieved_fraction * (tiles / (waves * n)) *
+              (k / (k + p_.gemm_k_half));
+        break;
+      }
+      case OpKind::kAttention: {
+        const double tiles = std::ceil(op->m / p_.attn_tile_q);
+        const double waves = std::ceil(tiles / n);
+        const bool bwd = op->name == "attention_bwd";
+        eff = (bwd ? p_.attn_bwd_best_efficiency : p_.attn_fwd_best_efficiency) *
+              p_.achieved_fraction * (tiles / (waves * n));
+        break;
+      }
+      default:
+        eff = p_.cuda_core_fraction;
+        break;
+    }
+    t_c = op->flops > 0 ? op->flops / (peak * eff) : 0.0;
+    const double bw = hbm_full * std::min(1.0, n / (p_.hbm_saturation_sm_fraction * N));
+    t_m = op->bytes() / bw;
+    if (coll) {
+      // HBM shared with the collective: both slow down in proportion when demand exceeds it.
+      const double demand = op->bytes() / std::max(t_c, t_m) + coll_hbm_rate;
+      const double squeeze = std::max(1.0, demand / hbm_full);
+      t_m *= squeeze;
+      r.coll_bytes_per_s /= squeeze;
+      coll_hbm_rate /= squeeze;
+    }
+    double t = std::max(t_c, t_m);
+    if (coll) t *= 1.0 + p_.overlap_slowdown;
+    r.op_time_s = t + p_.launch_overhead_s;
+    op_hbm_rate = op->bytes() / r.op_time_s;
+    const double util = r.op_time_s > 0 ? t_c / r.op_time_s : 0.0;
+    const double activity = p_.idle_activity + (1.0 - p_.idle_activity) * util;
+    r.power_w += sm_w_per_sm * n * activity;
+  }
+  if (coll) {
+    r.power_w += sm_w_per_sm * coll_sms * p_.collective_activity;
+    r.power_w += p_.link_pj_per_bit * 8e-12 * r.coll_bytes_per_s;
+  }
+  r.power_w += p_.hbm_pj_per_bit * 8e-12 * (op_hbm_rate + coll_hbm_rate);
+  return r;
+}
+
+EmulatorModel::Rates EmulatorModel::capped_rates(const Kernel* op, int op_sms, const Kernel* coll,
+                                                 int coll_sms, int freq_mhz) const {
+  Rates r = rates(op, op_sms, coll, coll_sms, freq_mhz);
+  const double headroom = gpu_.power_limit_w - gpu_.static_power_w;
+  if (r.power_w <= headroom) return r;
+  // Power capping: the highest supported clock at or below freq_mhz whose power fits.
+  auto first = std::lower_bound(clocks_desc_.begin(), clocks_desc_.end(), freq_mhz,
+                                std::greater<int>());
+  std::size_t lo = static_cast<std::size_t>(first - clocks_desc_.begin()), hi = clocks_desc_.size();
+  while (lo + 1 < hi) {  // invariant: clocks_desc_[lo] does not fit (or is freq_mhz)
+    const std::size_t mid = (lo + hi) / 2;
+    if (rates(op, op_sms, coll, coll_sms, clocks_desc_[mid]).power_w <= headroom) {
+      hi = mid;
+    } else {
+      lo = mid;
+    }
+  }
+  if (hi == clocks_desc_.size()) hi = clocks_desc_.size() - 1;
+  return rates(op, op_sms, coll, coll_sms, clocks_desc_[hi]);
+}
+
+SimResult EmulatorModel::simulate_overlap(const std::vector<Kernel>& ops, const Kernel* coll,
+                                          int slot_index, int sms, int freq_mhz) const {
+  SimResult res;
+  const int N = gpu_.sm_count;
+  std::size_t i = 0;
+  double op_left = 1.0;  // fraction of the current op still to run
+  // NCCL returns at once for an empty buffer: such a collective neither runs nor holds SMs.
+  enum { kWaiting, kActive, kDone } cs = coll && coll->wire_bytes() > 0 ? kWaiting : kDone;
+  double coll_left = 0;
+  if (coll) {
+    const double link = coll->inter_node
+                            ? gpu_.internode_bandwidth_gbs * 1e9 * p_.internode_efficiency
+                            : gpu_.nccl_ring_busbw_gbs * 1e9;
+    coll_left = coll->wire_bytes() + p_.collective_latency_s * link;
+  }
+  double t = 0, e = 0;
+  while (i < ops.size() || cs != kDone) {
+    if (cs == kWaiting && static_cast<int>(i) >= slot_index) cs = kActive;
+    const Kernel* op = i < ops.size() ? &ops[i] : nullptr;
+    const bool coll_on = cs == kActive;
+    const Rates r = capped_rates(op, coll_on ? N - sms : N, coll_on ? coll : nullptr, sms, freq_mhz);
+    const double dt_op = op ? op_left * r.op_time_s : std::numeric_limits<double>::infinity();
+    const double dt_coll = coll_on && r.coll_bytes_per_s > 0 ? coll_left / r.coll_bytes_per_s
+                                                             : std::numeric_limits<double>::infinity();
+    if (!op && !coll_on) {
+      cs = kActive;  // slot beyond the last op: launch at the end
+      continue;
+    }
+    if (coll_on && !(r.coll_bytes_per_s > 0)) {
+      throw InvalidInput(fmt::format("collective '{}' needs at least one SM, got {}", coll->name, sms));
+    }
+    const bool op_ends = dt_op <= dt_coll;
+    const double dt = op_ends ? dt_op : dt_coll;
+    t += dt;
+    e += r.power_w * dt;
+    if (op) {
+      if (op_ends) {
+        ++i;
+        op_left = 1.0;
+        res.compute_end_s = t;
+      } else {
+        op_left -= dt / r.op_time_s;
+      }
+    }
+    if (coll_on) {
+      if (!op_ends || dt_coll <= dt_op) {
+        cs = kDone;
+        res.collective_end_s = t;
+      } else {
+        coll_left -= dt * r.coll_bytes_per_s;
+      }
+    }
+  }
+  res.time_s = t;
+  res.dynamic_energy_j = e;
+  return res;
+}
+
+SimResult EmulatorModel::simulate_partition(const Partition& part,
+                                            const PartitionConfig& c) const {
+  const Slot& slot = part.slot(c.slot);
+  return simulate_overlap(part.compute_ops, &part.collective, slot.op_index, c.sms, c.freq_mhz);
+}
+
+SimResult EmulatorModel::simulate_sequence(const std::vector<Kernel>& kernels, int freq_mhz,
+                                           int collective_sms) const {
+  SimResult total;
+  std::vector<Kernel> one(1);
+  for (const auto& k : kernels) {
+    SimResult r;
+    if (k.is_collective()) {
+      r = simulate_overlap({}, &k, 0, collective_sms, freq_mhz);
+    } else {
+      one[0] = k;
+      r = simulate_overlap(one, nullptr, 0, 0, freq_mhz);
+    }
+    total.time_s += r.time_s;
+    total.dynamic_energy_j += r.dynamic_energy_j;
+  }
+  total.compute_end_s = total.time_s;
+  return total;
+}
+
+double EmulatorModel::p2p_time_s(const Kernel& p2p) const {
+  const double bw = p2p.inter_node ? gpu_.internode_bandwidth_gbs * 1e9 * p_.internode_efficiency
+                                   : gpu_.nvlink_bandwidth_gbs / 2 * 1e9 * p_.internode_efficiency;
+  return p_.collective_latency_s + p2p.payload_bytes / bw;
+}
+
+double EmulatorModel::p2p_dynamic_energy_j(const Kernel& p2p) const {
+  return p_.link_pj_per_bit * 8e-12 * p2p.payload_bytes +
+         p_.hbm_pj_per_bit * 8e-12 * 2.0 * p2p.payload_bytes;
+}
+
+}  // namespace kareus

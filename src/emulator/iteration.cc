@@ -1,0 +1,172 @@
+// Whole-iteration emulation under the synchronous 1F1B pipeline schedule (Narayanan et al.,
+// "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", SC '21):
+// stage s runs min(pp-s-1, M) warm-up forwards, then alternates one forward and one backward,
+// then drains the remaining backwards. F(s,m) waits for F(s-1,m) plus the activation message,
+// B(s,m) for B(s+1,m) plus the gradient message. A GPU that waits burns static power only,
+// which is how pipeline bubbles cost energy.
+#include <fmt/format.h>
+
+#include <map>
+
+#include "kareus/emulator.h"
+#include "kareus/error.h"
+
+namespace kareus {
+
+double IterationResult::energy_j_per_gpu_sum_over_stages() const {
+  double e = 0;
+  for (const auto& s : stages) e += s.energy_j_per_gpu;
+  return e;
+}
+
+std::vector<std::pair<InstructionKind, int>> one_f_one_b_order(int stage, int stages, int mbs) {
+  std::vector<std::pair<InstructionKind, int>> order;
+  const int warmup = std::min(stages - stage - 1, mbs);
+  int f = 0, b = 0;
+  for (; f < warmup; ++f) order.push_back({InstructionKind::kForward, f});
+  while (f < mbs) {
+    order.push_back({InstructionKind::kForward, f++});
+    order.push_back({InstructionKind::kBackward, b++});
+  }
+  while (b < mbs) order.push_back({InstructionKind::kBackward, b++});
+  return order;
+}
+
+InstructionCost emulate_instruction(const PartitionSet& ps, const EmulatorModel& m,
+                                    ExecutionMode mode, int stage, InstructionKind kind,
+                                    const InstructionSettings& s) {
+  InstructionCost cost;
+  const auto& is = ps.instruction(stage, kind);
+  const int default_sms = m.gpu().nccl_default_channels;
+  for (const auto& step : is.steps) {
+    SimResult r;
+    if (step.kind == Step::Kind::kSegment) {
+      r = m.simulate_sequence(ps.segments[static_cast<std::size_t>(step.index)].kernels,
+                              s.freq_mhz, default_sms);
+    } else {
+      if (mode != ExecutionMode::kOverlapped) {
+        throw InternalError("sequential schedule reached an overlapped partition");
+      }
+      const auto& part = ps.partitions[static_cast<std::size_t>(step.index)];
+      PartitionConfig c;
+      auto it = s.partitions.find(part.key);
+      if (it != s.partitions.end()) {
+        c = it->second;
+      } else {
+        c.sms = m.default_collective_sms(part.collective);
+        c.slot = part.slots.front().name;
+      }
+      c.freq_mhz = s.freq_mhz;
+      r = m.simulate_partition(part, c);
+    }
+    cost.time_s += r.time_s;
+    cost.dynamic_energy_j += r.dynamic_energy_j;
+  }
+  return cost;
+}
+
+IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, ExecutionMode mode,
+                                  const SettingsFn& settings) {
+  Workload wl = w;
+  if (mode == ExecutionMode::kSequential) wl.batch.nano_batches = 1;
+  const PartitionSet ps = partition_workload(wl);
+  const int pp = w.parallel.pp;
+  const int mbs = w.batch.micro_batches;
+  const double p2p_t = pp > 1 ? m.p2p_time_s(ps.graph.p2p) : 0.0;
+  const double p2p_e = pp > 1 ? m.p2p_dynamic_energy_j(ps.graph.p2p) : 0.0;
+
+  // Instruction costs, memoized per distinct settings.
+  std::map<std::string, InstructionCost> memo;
+  auto cost_of = [&](int s, InstructionKind k, int mb) {
+    const InstructionSettings st = settings(s, k, mb);
+    std::string key = fmt::format("{}|{}|{}", s, static_cast<int>(k), st.freq_mhz);
+    for (const auto& [pk, c] : st.partitions) key += fmt::format("|{}:{}:{}", pk, c.sms, c.slot);
+    auto it = memo.find(key);
+    if (it == memo.end()) it = memo.emplace(key, emulate_instruction(ps, m, mode, s, k, st)).first;
+    return std::make_pair(it->second, st.freq_mhz);
+  };
+
+  std::vector<std::vector<std::pair<InstructionKind, int>>> order(static_cast<std::size_t>(pp));
+  for (int s = 0; s < pp; ++s) order[static_cast<std::size_t>(s)] = one_f_one_b_order(s, pp, mbs);
+  // end[s][kind][mb], -1 while not yet scheduled.
+  std::vector<std::vector<double>> fend(pp, std::vector<double>(mbs, -1)),
+      bend(pp, std::vector<double>(mbs, -1));
+  std::vector<std::size_t> next(pp, 0);
+  std::vector<double> clock(pp, 0.0), dyn(pp, 0.0), busy(pp, 0.0);
+  std::vector<int> last_freq(pp, m.gpu().max_freq_mhz);
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int s = 0; s < pp; ++s) {
+      auto& ns = next[static_cast<std::size_t>(s)];
+      const auto& ord = order[static_cast<std::size_t>(s)];
+      while (ns < ord.size()) {
+        const auto [kind, mb] = ord[ns];
+        double ready = clock[s];
+        if (kind == InstructionKind::kForward && s > 0) {
+          if (fend[s - 1][mb] < 0) break;
+          ready = std::max(ready, fend[s - 1][mb] + p2p_t);
+        }
+        if (kind == InstructionKind::kBackward && s < pp - 1) {
+          if (bend[s + 1][mb] < 0) break;
+          ready = std::max(ready, bend[s + 1][mb] + p2p_t);
+        }
+        const auto [c, f] = cost_of(s, kind, mb);
+        const double end = ready + c.time_s;
+        (kind == InstructionKind::kForward ? fend : bend)[s][mb] = end;
+        clock[s] = end;
+        dyn[s] += c.dynamic_energy_j;
+        busy[s] += c.time_s;
+        last_freq[s] = f;
+        const bool sends = kind == InstructionKind::kForward ? s < pp - 1 : s > 0;
+        if (sends) dyn[s] += p2p_e;
+        ++ns;
+        progress = true;
+      }
+    }
+  }
+  for (int s = 0; s < pp; ++s) {
+    if (next[s] != order[s].size()) throw InternalError("1F1B schedule deadlocked");
+  }
+  // Once-per-iteration reductions after the last backward (DP gradients, tied embeddings).
+  for (int idx : ps.iteration_segments) {
+    const auto& seg = ps.segments[static_cast<std::size_t>(idx)];
+    const SimResult r =
+        m.simulate_sequence(seg.kernels, last_freq[seg.stage], m.gpu().nccl_default_channels);
+    clock[seg.stage] += r.time_s;
+    dyn[seg.stage] += r.dynamic_energy_j;
+    busy[seg.stage] += r.time_s;
+  }
+  IterationResult res;
+  for (int s = 0; s < pp; ++s) res.iteration_time_s = std::max(res.iteration_time_s, clock[s]);
+  const double gpus_per_stage =
+      static_cast<double>(w.parallel.tp) * w.parallel.cp * w.parallel.dp;
+  for (int s = 0; s < pp; ++s) {
+    StageResult sr;
+    sr.stage = s;
+    sr.dynamic_energy_j_per_gpu = dyn[s];
+    sr.energy_j_per_gpu = dyn[s] + m.gpu().static_power_w * res.iteration_time_s;
+    sr.busy_time_s = busy[s];
+    res.energy_j += sr.energy_j_per_gpu * gpus_per_stage;
+    res.stages.push_back(sr);
+  }
+  return res;
+}
+
+IterationResult emulate_schedule(const Workload& w, const EmulatorModel& m,
+                                 const std::string& schedule, int freq_mhz) {
+  InstructionSettings st;
+  st.freq_mhz = freq_mhz;
+  auto fn = [st](int, InstructionKind, int) { return st; };
+  if (schedule == "megatron") return emulate_iteration(w, m, ExecutionMode::kSequential, fn);
+  if (schedule == "nanobatch") {
+    if (w.batch.nano_batches != 2) {
+      throw InvalidInput("schedule 'nanobatch' needs batch.nano_batches: 2 in the workload");
+    }
+    return emulate_iteration(w, m, ExecutionMode::kOverlapped, fn);
+  }
+  throw InvalidInput(
+      fmt::format("unknown schedule '{}'; allowed: megatron, nanobatch", schedule));
+}
+
+}  // namespace kareus

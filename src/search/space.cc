@@ -1,0 +1,76 @@
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "kareus/error.h"
+#include "kareus/search_space.h"
+
+namespace kareus {
+
+std::vector<int> default_collective_sms(CollectiveKind kind) {
+  std::vector<int> out;
+  if (kind == CollectiveKind::kAllReduce) {
+    for (int s = 3; s <= 30; s += 3) out.push_back(s);
+  } else {
+    for (int s = 1; s <= 20; ++s) out.push_back(s);
+  }
+  return out;
+}
+
+std::vector<PartitionConfig> SearchSpace::configs() const {
+  std::vector<PartitionConfig> out;
+  out.reserve(size());
+  for (std::size_t i = 0; i < size(); ++i) out.push_back(at(i));
+  return out;
+}
+
+PartitionConfig SearchSpace::at(std::size_t index) const {
+  const std::size_t ns = slots.size(), nm = sms.size();
+  PartitionConfig c;
+  c.slot = slots[index % ns];
+  c.sms = sms[(index / ns) % nm];
+  c.freq_mhz = freqs_mhz[index / (ns * nm)];
+  return c;
+}
+
+SearchSpace make_search_space(const Partition& p, const GpuSpec& gpu, const SpaceOptions& o) {
+  SearchSpace s;
+  s.freqs_mhz = o.freqs_mhz.empty() ? gpu.search_freqs_mhz() : o.freqs_mhz;
+  s.sms = o.sms.empty() ? default_collective_sms(p.collective.collective) : o.sms;
+  s.slots = p.slot_names();
+  for (int f : s.freqs_mhz) {
+    if (!gpu.supports_freq(f)) {
+      throw InvalidInput(fmt::format("frequency {} MHz: {} supports {}..{} MHz in {} MHz steps", f,
+                                     gpu.name, gpu.min_freq_mhz, gpu.max_freq_mhz,
+                                     gpu.freq_step_mhz));
+    }
+  }
+  for (int m : s.sms) {
+    if (m < 1 || m > kMaxCollectiveSms) {
+      throw InvalidInput(
+          fmt::format("SM count {}: allowed 1..{} (NCCL's channel limit)", m, kMaxCollectiveSms));
+    }
+  }
+  return s;
+}
+
+void validate_config(const Partition& p, const GpuSpec& gpu, const PartitionConfig& c) {
+  if (!gpu.supports_freq(c.freq_mhz)) {
+    throw InvalidInput(fmt::format("--freq {}: {} supports {}..{} MHz in {} MHz steps",
+                                   c.freq_mhz, gpu.name, gpu.min_freq_mhz, gpu.max_freq_mhz,
+                                   gpu.freq_step_mhz));
+  }
+  if (c.sms < 1 || c.sms > kMaxCollectiveSms) {
+    throw InvalidInput(fmt::format("--sms {}: allowed 1..{} (NCCL's channel limit); the search "
+                                   "default for this collective is {}",
+                                   c.sms, kMaxCollectiveSms,
+                                   fmt::join(default_collective_sms(p.collective.collective), ",")));
+  }
+  try {
+    p.slot(c.slot);
+  } catch (const InvalidInput&) {
+    throw InvalidInput(fmt::format("--slot '{}': partition {} has launch slots {}", c.slot, p.key,
+                                   fmt::join(p.slot_names(), ", ")));
+  }
+}
+
+}  // namespace kareus

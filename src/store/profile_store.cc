@@ -1,0 +1,261 @@
+// SQLite-backed profile store. WAL mode with synchronous=NORMAL: a commit survives the process
+// being killed (the WAL is in the OS page cache), and readers never block the writer. Each
+// put() is its own transaction, so a crash loses at most the measurement in flight.
+#include <fmt/format.h>
+#include <sqlite3.h>
+
+#include <chrono>
+
+#include "kareus/error.h"
+#include "kareus/store.h"
+
+namespace kareus {
+namespace {
+
+constexpr const char* kFormat = "kareus-profile-store";
+
+struct StmtDeleter {
+  void operator()(sqlite3_stmt* s) const { sqlite3_finalize(s); }
+};
+using Stmt = std::unique_ptr<sqlite3_stmt, StmtDeleter>;
+
+std::uint64_t fnv1a(const std::string& s) {
+  std::uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
+  return h;
+}
+
+}  // namespace
+
+struct ProfileStore::Impl {
+  sqlite3* db = nullptr;
+  std::string path;
+  Stmt find, put, count;
+
+  ~Impl() {
+    find.reset();
+    put.reset();
+    count.reset();
+    if (db) sqlite3_close(db);
+  }
+
+  [[noreturn]] void fail(const std::string& what, int rc) const {
+    const std::string msg = db ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+    if (rc == SQLITE_NOTADB || rc == SQLITE_CORRUPT) {
+      throw InvalidInput(fmt::format(
+          "{}: not a usable profile store ({}: {}); pass --db with a new path or a Kareus store",
+          path, what, msg));
+    }
+    if (rc == SQLITE_CANTOPEN || rc == SQLITE_READONLY || rc == SQLITE_PERM) {
+      throw InvalidInput(fmt::format("{}: cannot open the profile store ({}: {})", path, what, msg));
+    }
+    throw Error(fmt::format("{}: profile store error ({}: {})", path, what, msg));
+  }
+
+  void exec(const std::string& sql) {
+    char* err = nullptr;
+    const int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err);
+    if (err) sqlite3_free(err);
+    if (rc != SQLITE_OK) fail(sql.substr(0, 40), rc);
+  }
+
+  Stmt prepare(const std::string& sql) {
+    sqlite3_stmt* s = nullptr;
+    const int rc = sqlite3_prepare_v2(db, sql.c_str(), -1, &s, nullptr);
+    if (rc != SQLITE_OK) fail("prepare", rc);
+    return Stmt(s);
+  }
+
+  std::string single_text(const std::string& sql) {
+    Stmt s = prepare(sql);
+    const int rc = sqlite3_step(s.get());
+    if (rc == SQLITE_ROW) {
+      const auto* t = sqlite3_column_text(s.get(), 0);
+      return t ? reinterpret_cast<const char*>(t) : "";
+    }
+    if (rc != SQLITE_DONE) fail(sql.substr(0, 40), rc);
+    return "";
+  }
+};
+
+ProfileStore::ProfileStore(const std::string& path) : impl_(std::make_unique<Impl>()), path_(path) {
+  impl_->path = path;
+  const int rc = sqlite3_open_v2(path.c_str(), &impl_->db,
+                                 SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr);
+  if (rc != SQLITE_OK) impl_->fail("open", rc);
+  sqlite3_busy_timeout(impl_->db, 10000);
+  // The first read fails with SQLITE_NOTADB on a file that is not SQLite.
+  const std::string tables =
+      impl_->single_text("SELECT group_concat(name) FROM sqlite_master WHERE type='table'");
+  const std::string check = impl_->single_text("PRAGMA quick_check");
+  if (check != "ok") {
+    throw InvalidInput(fmt::format("{}: the profile store is corrupt (quick_check: {})", path,
+                                   check.substr(0, 200)));
+  }
+  if (tables.empty()) {
+    impl_->exec("PRAGMA journal_mode=WAL");
+    impl_->exec(
+        "BEGIN;"
+        "CREATE TABLE kareus_meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        "CREATE TABLE measurements("
+        " gpu TEXT NOT NULL, backend TEXT NOT NULL, signature TEXT NOT NULL,"
+        " label TEXT NOT NULL, freq_mhz INTEGER NOT NULL, sms INTEGER NOT NULL,"
+        " slot TEXT NOT NULL, time_s REAL NOT NULL, energy_j REAL NOT NULL,"
+        " dynamic_energy_j REAL NOT NULL, static_energy_j REAL NOT NULL,"
+        " measured_at REAL NOT NULL,"
+        " PRIMARY KEY(gpu, backend, signature, freq_mhz, sms, slot));" +
+        fmt::format("INSERT INTO kareus_meta VALUES('format', '{}'), ('version', '{}');", kFormat,
+                    kFormatVersion) +
+        "COMMIT;");
+  } else {
+    if (tables.find("kareus_meta") == std::string::npos) {
+      throw InvalidInput(fmt::format(
+          "{}: an SQLite database that is not a Kareus profile store (tables: {}); pass --db "
+          "with a new path",
+          path, tables));
+    }
+    const std::string format =
+        impl_->single_text("SELECT value FROM kareus_meta WHERE key='format'");
+    const std::string version =
+        impl_->single_text("SELECT value FROM kareus_meta WHERE key='version'");
+    if (format != kFormat) {
+      throw InvalidInput(fmt::format("{}: format '{}' is not '{}'", path, format, kFormat));
+    }
+    if (version != std::to_string(kFormatVersion)) {
+      throw InvalidInput(fmt::format("{}: profile store version {} is not supported (this build "
+                                     "reads version {})",
+                                     path, version, kFormatVersion));
+    }
+    impl_->exec("PRAGMA journal_mode=WAL");
+  }
+  impl_->exec("PRAGMA synchronous=NORMAL");
+  impl_->find = impl_->prepare(
+      "SELECT time_s, energy_j, dynamic_energy_j, static_energy_j FROM measurements WHERE "
+      "gpu=?1 AND backend=?2 AND signature=?3 AND freq_mhz=?4 AND sms=?5 AND slot=?6");
+  impl_->put = impl_->prepare(
+      "INSERT OR IGNORE INTO measurements VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, "
+      "?12)");
+  impl_->count = impl_->prepare(
+      "SELECT COUNT(*) FROM measurements WHERE gpu=?1 AND backend=?2 AND signature=?3");
+}
+
+ProfileStore::~ProfileStore() = default;
+
+namespace {
+void bind_text(sqlite3_stmt* s, int i, const std::string& v) {
+  sqlite3_bind_text(s, i, v.c_str(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+}
+}  // namespace
+
+std::optional<Measurement> ProfileStore::find(const StoreKey& k) const {
+  sqlite3_stmt* s = impl_->find.get();
+  sqlite3_reset(s);
+  bind_text(s, 1, k.gpu);
+  bind_text(s, 2, k.backend);
+  bind_text(s, 3, k.signature);
+  sqlite3_bind_int(s, 4, k.freq_mhz);
+  sqlite3_bind_int(s, 5, k.sms);
+  bind_text(s, 6, k.slot);
+  const int rc = sqlite3_step(s);
+  if (rc == SQLITE_DONE) return std::nullopt;
+  if (rc != SQLITE_ROW) impl_->fail("find", rc);
+  Measurement m;
+  m.time_s = sqlite3_column_double(s, 0);
+  m.energy_j = sqlite3_column_double(s, 1);
+  m.dynamic_energy_j = sqlite3_column_double(s, 2);
+  m.static_energy_j = sqlite3_column_double(s, 3);
+  sqlite3_reset(s);
+  return m;
+}
+
+void ProfileStore::put(const StoreKey& k, const Measurement& m) {
+  sqlite3_stmt* s = impl_->put.get();
+  sqlite3_reset(s);
+  bind_text(s, 1, k.gpu);
+  bind_text(s, 2, k.backend);
+  bind_text(s, 3, k.signature);
+  bind_text(s, 4, k.label);
+  sqlite3_bind_int(s, 5, k.freq_mhz);
+  sqlite3_bind_int(s, 6, k.sms);
+  bind_text(s, 7, k.slot);
+  sqlite3_bind_double(s, 8, m.time_s);
+  sqlite3_bind_double(s, 9, m.energy_j);
+  sqlite3_bind_double(s, 10, m.dynamic_energy_j);
+  sqlite3_bind_double(s, 11, m.static_energy_j);
+  const double now = std::chrono::duration<double>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count();
+  sqlite3_bind_double(s, 12, now);
+  const int rc = sqlite3_step(s);  // autocommit: durable when this returns
+  sqlite3_reset(s);
+  if (rc != SQLITE_DONE) impl_->fail("put", rc);
+}
+
+std::size_t ProfileStore::count(const std::string& gpu, const std::string& backend,
+                                const std::string& signature) const {
+  sqlite3_stmt* s = impl_->count.get();
+  sqlite3_reset(s);
+  bind_text(s, 1, gpu);
+  bind_text(s, 2, backend);
+  bind_text(s, 3, signature);
+  const int rc = sqlite3_step(s);
+  if (rc != SQLITE_ROW) impl_->fail("count", rc);
+  const auto n = static_cast<std::size_t>(sqlite3_column_int64(s, 0));
+  sqlite3_reset(s);
+  return n;
+}
+
+std::size_t ProfileStore::count_all() const {
+  return static_cast<std::size_t>(std::stoull(impl_->single_text("SELECT COUNT(*) FROM measurements")));
+}
+
+// ---- CachedProfiler
+
+std::string segment_signature(const Segment& s) {
+  std::string text = s.name;
+  for (const auto& k : s.kernels) {
+    text += fmt::format("|{}:{:.6e}:{:.6e}:{}:{}:{}:{:.6e}:{}", k.name, k.flops, k.bytes(), k.m,
+                        k.n, k.k, k.payload_bytes, k.group_size);
+  }
+  return fmt::format("segment-{:016x}", fnv1a(text));
+}
+
+StoreKey CachedProfiler::key(const Partition& p, const PartitionConfig& c) const {
+  return {backend_.gpu().name, backend_.fingerprint(), p.signature, p.key, c.freq_mhz, c.sms,
+          c.slot};
+}
+
+bool CachedProfiler::stored(const Partition& p, const PartitionConfig& c) const {
+  return store_ && store_->find(key(p, c)).has_value();
+}
+
+Measurement CachedProfiler::measure(const Partition& p, const PartitionConfig& c) {
+  const StoreKey k = key(p, c);
+  if (store_) {
+    if (auto m = store_->find(k)) {
+      ++reused_;
+      return *m;
+    }
+  }
+  const Measurement m = backend_.measure(p, c);
+  if (store_) store_->put(k, m);
+  ++measured_;
+  return m;
+}
+
+Measurement CachedProfiler::measure_segment(const Segment& s, int freq_mhz) {
+  const StoreKey k{backend_.gpu().name, backend_.fingerprint(), segment_signature(s), s.name,
+                   freq_mhz, 0, "-"};
+  if (store_) {
+    if (auto m = store_->find(k)) {
+      ++reused_;
+      return *m;
+    }
+  }
+  const Measurement m = backend_.measure_segment(s, freq_mhz);
+  if (store_) store_->put(k, m);
+  ++measured_;
+  return m;
+}
+
+}  // namespace kareus

@@ -1,0 +1,214 @@
+// Physical sanity of the emulator, checked on every partition of several workloads, and
+// hand-computed cases of the roofline and the ring.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kareus/emulator.h"
+#include "kareus/error.h"
+#include "kareus/search_space.h"
+#include "test_util.h"
+
+namespace kareus {
+namespace {
+
+const char* kWorkloads[] = {"llama3.2-3b_tp8_mbs8_seq4096", "qwen3-1.7b_cp2tp4_mbs8_seq8192",
+                            "llama3.3-70b_tp8_mbs2_seq4096"};
+
+TEST(Emulator, TimeNeverRisesWithClock) {
+  for (const char* name : kWorkloads) {
+    const auto w = load_workload(test::paper_workload(name));
+    const EmulatorModel m(w.gpu());
+    const auto ps = partition_workload(w);
+    for (const auto& p : ps.partitions) {
+      const auto space = make_search_space(p, w.gpu());
+      for (int sms : space.sms) {
+        for (const auto& slot : space.slots) {
+          double prev = 1e30;  // clocks ascend from 900 to 1410 in this loop
+          for (auto it = space.freqs_mhz.rbegin(); it != space.freqs_mhz.rend(); ++it) {
+            const double t = m.simulate_partition(p, {*it, sms, slot}).time_s;
+            EXPECT_LE(t, prev * (1 + 1e-12)) << name << " " << p.key << " " << *it << " " << sms;
+            prev = t;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Emulator, ComputeBoundDynamicEnergyFallsWithClock) {
+  // 70B backward MLP: large GEMMs, the collective finishes well before the compute.
+  const auto w = load_workload(test::paper_workload("llama3.3-70b_tp8_mbs4_seq4096"));
+  const EmulatorModel m(w.gpu());
+  const auto ps = partition_workload(w);
+  const auto& p = ps.partition("bwd_mlp");
+  const auto r = m.simulate_partition(p, {1410, 24, "norm"});
+  ASSERT_LT(r.collective_end_s, 0.5 * r.compute_end_s) << "not compute-bound";
+  double prev = 0;
+  for (int f = 1410; f >= 900; f -= 30) {
+    const double e = m.simulate_partition(p, {f, 24, "norm"}).dynamic_energy_j;
+    if (f < 1410) {
+      EXPECT_LE(e, prev * (1 + 1e-12)) << f;
+    }
+    prev = e;
+  }
+  EXPECT_LT(m.simulate_partition(p, {900, 24, "norm"}).dynamic_energy_j,
+            0.8 * m.simulate_partition(p, {1410, 24, "norm"}).dynamic_energy_j);
+}
+
+TEST(Emulator, MoreSmsShortenCollectiveAndLengthenCompute) {
+  for (const char* name : kWorkloads) {
+    const auto w = load_workload(test::paper_workload(name));
+    const EmulatorModel m(w.gpu());
+    for (const auto& p : partition_workload(w).partitions) {
+      const auto few = m.simulate_partition(p, {1410, 3, p.slots.front().name});
+      const auto many = m.simulate_partition(p, {1410, 30, p.slots.front().name});
+      EXPECT_LT(many.collective_end_s, few.collective_end_s) << name << " " << p.key;
+      EXPECT_GT(many.compute_end_s, few.compute_end_s) << name << " " << p.key;
+    }
+  }
+}
+
+TEST(Emulator, EmptyPayloadGivesComputeAloneAtEverySlot) {
+  const auto w = load_workload(test::paper_workload("qwen3-1.7b_tp8_mbs8_seq4096"));
+  const EmulatorModel m(w.gpu());
+  for (auto p : partition_workload(w).partitions) {
+    p.collective.payload_bytes = 0;
+    const double alone = m.simulate_sequence(p.compute_ops, 1200, 24).time_s;
+    for (const auto& s : p.slot_names()) {
+      EXPECT_DOUBLE_EQ(m.simulate_partition(p, {1200, 12, s}).time_s, alone) << p.key << " " << s;
+    }
+  }
+}
+
+TEST(Emulator, RooflineByHand) {
+  // A square bf16 GEMM, 8192^3, on all 108 SMs at 1410 MHz: compute-bound.
+  const auto& gpu = gpu_by_name("a100-sxm4-40gb");
+  EmulatorParams prm;
+  const EmulatorModel m(gpu, prm);
+  Kernel g;
+  g.name = "gemm";
+  g.kind = OpKind::kGemm;
+  g.m = g.n = g.k = 8192;
+  g.flops = 2.0 * 8192.0 * 8192 * 8192;
+  g.bytes_read = 2.0 * 8192 * 8192 * 2;
+  g.bytes_written = 8192.0 * 8192 * 2;
+  // 64 x 32 = 2048 tiles over 108 SMs: 19 waves, wave efficiency 2048 / 2052.
+  const double eff = prm.gemm_best_efficiency * prm.achieved_fraction * (2048.0 / (19 * 108)) *
+                     (8192.0 / (8192 + prm.gemm_k_half));
+  const double expect = g.flops / (312e12 * eff) + prm.launch_overhead_s;
+  const auto r = m.simulate_sequence({g}, 1410, 24);
+  // Unless the power cap throttled it, time is exactly the compute roof.
+  EXPECT_NEAR(r.time_s, expect, expect * 1e-9);
+  // Half the clock, twice the time (the voltage floor does not change time).
+  const auto h = m.simulate_sequence({g}, 705, 24);
+  EXPECT_NEAR(h.time_s - prm.launch_overhead_s, 2 * (expect - prm.launch_overhead_s), 1e-9);
+}
+
+TEST(Emulator, RingAllReduceByHand) {
+  const auto& gpu = gpu_by_name("a100-sxm4-40gb");
+  EmulatorParams prm;
+  const EmulatorModel m(gpu, prm);
+  Kernel c;
+  c.name = "ar";
+  c.kind = OpKind::kCollective;
+  c.collective = CollectiveKind::kAllReduce;
+  c.group_size = 8;
+  c.payload_bytes = 256e6;
+  // 24 CTAs saturate the 230 GB/s ring: time = latency + 2*7/8*256 MB / 230 GB/s.
+  const double link = 230e9;
+  const double expect = prm.collective_latency_s + 2.0 * 7 / 8 * 256e6 / link;
+  EXPECT_NEAR(m.simulate_sequence({c}, 1410, 24).time_s, expect, 1e-9);
+  // 4 CTAs at 1410 MHz: bound by 4 x 230/16 GB/s.
+  const double per_cta = 230e9 / prm.nccl_sms_to_saturate;
+  const double expect4 = (2.0 * 7 / 8 * 256e6 + prm.collective_latency_s * link) / (4 * per_cta);
+  EXPECT_NEAR(m.simulate_sequence({c}, 1410, 4).time_s, expect4, 1e-9);
+}
+
+TEST(Emulator, VoltageCurveHasFloor) {
+  const EmulatorModel m(gpu_by_name("a100-sxm4-40gb"));
+  EXPECT_DOUBLE_EQ(m.relative_voltage(900), 1.0);
+  EXPECT_DOUBLE_EQ(m.relative_voltage(1080), 1.0);
+  EXPECT_DOUBLE_EQ(m.relative_voltage(1410), m.params().voltage_ratio);
+  EXPECT_GT(m.relative_voltage(1200), 1.0);
+}
+
+TEST(EmulatorProfiler, StaticEnergyIsStaticPowerTimesTime) {
+  const auto w = load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096"));
+  EmulatorProfiler prof({w.gpu_name, 0.01, 7, 0, ""});
+  for (const auto& p : partition_workload(w).partitions) {
+    const auto m = prof.measure(p, {1200, 9, p.slots.back().name});
+    EXPECT_DOUBLE_EQ(m.static_energy_j, 85.0 * m.time_s);
+    EXPECT_DOUBLE_EQ(m.dynamic_energy_j, m.energy_j - m.static_energy_j);
+  }
+}
+
+TEST(EmulatorProfiler, NoiseIsSeededAndSized) {
+  const auto w = load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096"));
+  const auto ps = partition_workload(w);
+  const auto& p = ps.partition("fwd_mlp");
+  EmulatorProfiler exact({w.gpu_name, 0.0, 1, 0, ""});
+  EmulatorProfiler a({w.gpu_name, 0.01, 1, 0, ""}), b({w.gpu_name, 0.01, 1, 0, ""}),
+      c({w.gpu_name, 0.01, 2, 0, ""});
+  const EmulatorModel model(w.gpu());
+  const auto e = exact.measure(p, {1410, 12, "norm"});
+  EXPECT_DOUBLE_EQ(e.time_s, model.simulate_partition(p, {1410, 12, "norm"}).time_s);
+  EXPECT_EQ(a.measure(p, {1410, 12, "norm"}).time_s, b.measure(p, {1410, 12, "norm"}).time_s);
+  EXPECT_NE(a.measure(p, {1410, 12, "norm"}).time_s, c.measure(p, {1410, 12, "norm"}).time_s);
+  EXPECT_NE(a.fingerprint(), c.fingerprint());
+  // Relative deviations over the whole space have a standard deviation near 1%.
+  double sum = 0, sum2 = 0;
+  int n = 0;
+  for (const auto& cfg : make_search_space(p, w.gpu()).configs()) {
+    const double d = a.measure(p, cfg).time_s / exact.measure(p, cfg).time_s - 1.0;
+    sum += d;
+    sum2 += d * d;
+    ++n;
+  }
+  const double sd = std::sqrt(sum2 / n - (sum / n) * (sum / n));
+  EXPECT_NEAR(sd, 0.01, 0.002);
+  EXPECT_NEAR(sum / n, 0.0, 0.002);
+}
+
+TEST(ProfilerRegistry, UnknownNameListsBackends) {
+  try {
+    create_profiler("cuda-magic", {"a100-sxm4-40gb", 0, 1, 0, ""});
+    FAIL();
+  } catch (const InvalidInput& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("emulator"), std::string::npos);
+    EXPECT_NE(msg.find("trace"), std::string::npos);
+  }
+}
+
+TEST(Iteration, OneFOneBOrder) {
+  using K = InstructionKind;
+  const auto o = one_f_one_b_order(0, 2, 3);
+  const std::vector<std::pair<K, int>> expect = {{K::kForward, 0}, {K::kForward, 1},
+                                                 {K::kBackward, 0}, {K::kForward, 2},
+                                                 {K::kBackward, 1}, {K::kBackward, 2}};
+  EXPECT_EQ(o, expect);
+  const auto last = one_f_one_b_order(1, 2, 3);
+  EXPECT_EQ(last.front(), (std::pair<K, int>{K::kForward, 0}));
+  EXPECT_EQ(last[1], (std::pair<K, int>{K::kBackward, 0}));
+}
+
+TEST(Iteration, PipelineEnergyAccounting) {
+  // Every GPU burns static power for the whole iteration, dynamic power only while busy.
+  const auto w = load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096"));
+  const EmulatorModel m(w.gpu());
+  const auto r = emulate_schedule(w, m, "megatron", 1410);
+  ASSERT_EQ(r.stages.size(), 2u);
+  for (const auto& s : r.stages) {
+    EXPECT_LT(s.busy_time_s, r.iteration_time_s);
+    EXPECT_GT(s.busy_time_s, 0.7 * r.iteration_time_s);
+    EXPECT_NEAR(s.energy_j_per_gpu - s.dynamic_energy_j_per_gpu, 85.0 * r.iteration_time_s, 1e-6);
+  }
+  EXPECT_NEAR(r.energy_j, 8 * r.energy_j_per_gpu_sum_over_stages(), 1e-6);
+  // Nano-batching overlaps communication: faster at the same clock.
+  EXPECT_LT(emulate_schedule(w, m, "nanobatch", 1410).iteration_time_s, r.iteration_time_s);
+  EXPECT_THROW(emulate_schedule(w, m, "zero-bubble", 1410), InvalidInput);
+}
+
+}  // namespace
+}  // namespace kareus

@@ -1,0 +1,55 @@
+#include <gtest/gtest.h>
+
+#include "kareus/error.h"
+#include "kareus/profiler.h"
+#include "test_util.h"
+
+namespace kareus {
+namespace {
+
+TEST(TraceProfiler, ReplaysAndRejectsMissingPoints) {
+  test::TempDir tmp;
+  const std::string csv = tmp.write("t.csv",
+                                    "# measured elsewhere\n"
+                                    "partition,freq_mhz,sms,slot,time_s,energy_j\n"
+                                    "fwd_attn,1410,24,norm,0.002,0.9\n"
+                                    "stack_head,1410,0,-,0.001,0.3\n");
+  const auto w = load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096"));
+  const auto ps = partition_workload(w);
+  auto prof = create_profiler("trace", {w.gpu_name, 0, 1, 0, csv});
+  const auto m = prof->measure(ps.partition("fwd_attn"), {1410, 24, "norm"});
+  EXPECT_DOUBLE_EQ(m.time_s, 0.002);
+  EXPECT_DOUBLE_EQ(m.energy_j, 0.9);
+  EXPECT_DOUBLE_EQ(m.static_energy_j, 0.002 * 85);
+  Segment head{"stack_head", 0, "forward", {}};
+  EXPECT_DOUBLE_EQ(prof->measure_segment(head, 1410).time_s, 0.001);
+  try {
+    prof->measure(ps.partition("fwd_attn"), {1380, 24, "norm"});
+    FAIL();
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("freq_mhz=1380"), std::string::npos);
+  }
+  // Through the CLI: exit code 2.
+  const auto r = test::run_cli("profile " + test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096") +
+                               " --backend trace --trace " + csv +
+                               " --partition fwd_mlp --freq 1410 --sms 24 --slot norm");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("no measurement"), std::string::npos);
+}
+
+TEST(TraceProfiler, BadFilesAreClearErrors) {
+  test::TempDir tmp;
+  EXPECT_THROW(create_profiler("trace", {"a100-sxm4-40gb", 0, 1, 0, tmp.file("missing.csv")}),
+               InvalidInput);
+  EXPECT_THROW(create_profiler("trace", {"a100-sxm4-40gb", 0, 1, 0, tmp.write("h.csv", "a,b\n")}),
+               InvalidInput);
+  EXPECT_THROW(create_profiler("trace", {"a100-sxm4-40gb", 0, 1, 0,
+                                         tmp.write("v.csv",
+                                                   "partition,freq_mhz,sms,slot,time_s,energy_j\n"
+                                                   "fwd_attn,x,24,norm,0.1,1\n")}),
+               InvalidInput);
+  EXPECT_THROW(create_profiler("trace", {"a100-sxm4-40gb", 0, 1, 0, ""}), InvalidInput);
+}
+
+}  // namespace
+}  // namespace kareus

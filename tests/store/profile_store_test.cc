@@ -1,0 +1,180 @@
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <sys/wait.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "kareus/emulator.h"
+#include "kareus/error.h"
+#include "kareus/search_space.h"
+#include "kareus/store.h"
+#include "test_util.h"
+
+namespace kareus {
+namespace {
+
+StoreKey key(int f) { return {"a100-sxm4-40gb", "emulator:x", "sig", "fwd_attn", f, 3, "norm"}; }
+
+TEST(ProfileStore, PutFindRoundTripAndReopen) {
+  test::TempDir tmp;
+  const std::string db = tmp.file("p.db");
+  {
+    ProfileStore s(db);
+    EXPECT_FALSE(s.find(key(1410)).has_value());
+    s.put(key(1410), make_measurement(0.5, 100.0, 85.0));
+    s.put(key(1410), make_measurement(9.0, 9.0, 85.0));  // kept, not overwritten
+    EXPECT_EQ(s.count_all(), 1u);
+  }
+  ProfileStore s(db);
+  const auto m = s.find(key(1410));
+  ASSERT_TRUE(m.has_value());
+  EXPECT_DOUBLE_EQ(m->time_s, 0.5);
+  EXPECT_DOUBLE_EQ(m->static_energy_j, 42.5);
+  EXPECT_DOUBLE_EQ(m->dynamic_energy_j, 57.5);
+  StoreKey other = key(1410);
+  other.backend = "emulator:y";  // another fingerprint is another measurement
+  EXPECT_FALSE(s.find(other).has_value());
+  EXPECT_EQ(s.count("a100-sxm4-40gb", "emulator:x", "sig"), 1u);
+}
+
+TEST(ProfileStore, ForeignAndCorruptFilesAreClearErrors) {
+  test::TempDir tmp;
+  const std::string text = tmp.write("notes.db", "this is not a database, just text\n");
+  try {
+    ProfileStore s(text);
+    FAIL();
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("notes.db"), std::string::npos);
+  }
+  // A real SQLite database of something else.
+  const std::string foreign = tmp.file("foreign.db");
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(foreign.c_str(), &db), SQLITE_OK);
+  sqlite3_exec(db, "CREATE TABLE users(id INTEGER)", nullptr, nullptr, nullptr);
+  sqlite3_close(db);
+  try {
+    ProfileStore s(foreign);
+    FAIL();
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("not a Kareus profile store"), std::string::npos);
+  }
+  // A Kareus store whose pages were overwritten.
+  const std::string good = tmp.file("good.db");
+  {
+    ProfileStore s(good);
+    for (int f = 900; f <= 1410; f += 15) s.put(key(f), make_measurement(0.1, 10, 85));
+  }
+  std::filesystem::remove(good + "-wal");
+  std::filesystem::remove(good + "-shm");
+  {
+    std::fstream f(good, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(0);
+    f.write("garbage garbage garbage garbage ", 32);  // clobbers the header
+  }
+  EXPECT_THROW(ProfileStore s(good), InvalidInput);
+  // The CLI turns all of this into exit code 2 with the path in the message.
+  const auto r = test::run_cli("profile " + test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096") +
+                               " --sweep --db " + text);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("notes.db"), std::string::npos);
+}
+
+TEST(CachedProfiler, MeasuresOnlyMissingPoints) {
+  test::TempDir tmp;
+  const auto w = load_workload(test::paper_workload("qwen3-1.7b_tp8_mbs8_seq4096"));
+  const auto ps = partition_workload(w);
+  const auto& p = ps.partition("bwd_mlp");
+  EmulatorProfiler prof({w.gpu_name, 0.01, 3, 0, ""});
+  ProfileStore store(tmp.file("s.db"));
+  CachedProfiler a(prof, &store);
+  const auto first = a.measure(p, {1200, 6, "linear"});
+  EXPECT_EQ(a.measured(), 1);
+  CachedProfiler b(prof, &store);
+  const auto again = b.measure(p, {1200, 6, "linear"});
+  EXPECT_EQ(b.measured(), 0);
+  EXPECT_EQ(b.reused(), 1);
+  EXPECT_DOUBLE_EQ(again.energy_j, first.energy_j);
+}
+
+// Issue 3's crash test: SIGKILL a sweep mid-run, restart it, and check that the store ends with
+// every configuration exactly once and that the restart measured only the missing ones.
+TEST(ProfileStore, SweepSurvivesSigkill) {
+  test::TempDir tmp;
+  const std::string db = tmp.file("sweep.db");
+  const std::string wl = test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096");
+  const auto w = load_workload(wl);
+  const auto ps = partition_workload(w);
+  const std::size_t configs = make_search_space(ps.partition("fwd_mlp"), w.gpu()).size();
+  ASSERT_EQ(configs, 540u);
+
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, 1);
+    dup2(devnull, 2);
+    execl(KAREUS_CLI, KAREUS_CLI, "profile", wl.c_str(), "--sweep", "--partition", "fwd_mlp",
+          "--db", db.c_str(), "--emulate-profiling-delay-ms", "4", "--quiet",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  auto rows = [&] {
+    sqlite3* h = nullptr;
+    if (sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
+      sqlite3_close(h);
+      return -1;
+    }
+    sqlite3_busy_timeout(h, 5000);
+    sqlite3_stmt* s = nullptr;
+    int n = -1;
+    if (sqlite3_prepare_v2(h, "SELECT COUNT(*) FROM measurements", -1, &s, nullptr) == SQLITE_OK &&
+        sqlite3_step(s) == SQLITE_ROW) {
+      n = sqlite3_column_int(s, 0);
+    }
+    sqlite3_finalize(s);
+    sqlite3_close(h);
+    return n;
+  };
+  // Kill once a fair share, but not all, of the points are in.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (rows() < 100 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the sweep finished before it could be killed";
+  const int before = rows();
+  ASSERT_GE(before, 100);
+  ASSERT_LT(before, 540);
+
+  const auto r = test::run_cli("profile " + wl + " --sweep --partition fwd_mlp --db " + db +
+                               " --json --quiet");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("reused").get<int>(), before);
+  EXPECT_EQ(j.at("measured").get<int>(), 540 - before);
+  EXPECT_EQ(rows(), 540);
+  // Exactly once: no two rows share a configuration.
+  sqlite3* h = nullptr;
+  ASSERT_EQ(sqlite3_open(db.c_str(), &h), SQLITE_OK);
+  sqlite3_stmt* s = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(h,
+                               "SELECT COUNT(*) FROM (SELECT DISTINCT freq_mhz, sms, slot FROM "
+                               "measurements WHERE label='fwd_mlp')",
+                               -1, &s, nullptr),
+            SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(s), SQLITE_ROW);
+  EXPECT_EQ(sqlite3_column_int(s, 0), 540);
+  sqlite3_finalize(s);
+  sqlite3_close(h);
+}
+
+}  // namespace
+}  // namespace kareus

@@ -1,0 +1,75 @@
+// `kareus emulate FILE --schedule megatron|nanobatch --freq MHZ [--json]`: whole-iteration
+// emulation of a reference schedule at a uniform clock.
+#include <fmt/format.h>
+
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "kareus/emulator.h"
+#include "kareus/error.h"
+#include "kareus/table.h"
+
+namespace kareus::cli {
+
+nlohmann::json iteration_json(const IterationResult& r) {
+  nlohmann::json j;
+  j["iteration_time_s"] = r.iteration_time_s;
+  j["energy_j"] = r.energy_j;
+  j["energy_j_per_gpu_sum_over_stages"] = r.energy_j_per_gpu_sum_over_stages();
+  j["stages"] = nlohmann::json::array();
+  for (const auto& s : r.stages) {
+    j["stages"].push_back({{"stage", s.stage},
+                           {"energy_j_per_gpu", s.energy_j_per_gpu},
+                           {"dynamic_energy_j_per_gpu", s.dynamic_energy_j_per_gpu},
+                           {"busy_time_s", s.busy_time_s}});
+  }
+  return j;
+}
+
+std::string iteration_text(const IterationResult& r) {
+  std::string out = fmt::format("iteration time {:.4f} s, energy {:.1f} J (whole job)\n",
+                                r.iteration_time_s, r.energy_j);
+  TextTable t({"stage", "energy per GPU (J)", "dynamic (J)", "busy (s)", "average power (W)"});
+  for (const auto& s : r.stages) {
+    t.add_row({std::to_string(s.stage), fmt::format("{:.1f}", s.energy_j_per_gpu),
+               fmt::format("{:.1f}", s.dynamic_energy_j_per_gpu),
+               fmt::format("{:.4f}", s.busy_time_s),
+               fmt::format("{:.1f}", s.energy_j_per_gpu / r.iteration_time_s)});
+  }
+  return out + t.render();
+}
+
+int check_freq(const GpuSpec& g, int freq_mhz, const char* flag) {
+  if (!g.supports_freq(freq_mhz)) {
+    throw InvalidInput(fmt::format("{} {}: {} supports {}..{} MHz in {} MHz steps", flag,
+                                   freq_mhz, g.name, g.min_freq_mhz, g.max_freq_mhz,
+                                   g.freq_step_mhz));
+  }
+  return freq_mhz;
+}
+
+void register_emulate(CLI::App& app, Action& action) {
+  auto* cmd = app.add_subcommand(
+      "emulate", "Emulate a whole training iteration under a reference schedule");
+  static std::string file, schedule = "megatron";
+  static int freq = 0;
+  static bool json = false;
+  cmd->add_option("FILE", file, "workload YAML file")->required();
+  cmd->add_option("--schedule", schedule, "megatron (sequential kernels) or nanobatch")
+      ->capture_default_str();
+  cmd->add_option("--freq", freq, "uniform SM clock in MHz (default: the GPU's maximum)");
+  cmd->add_flag("--json", json, "machine-readable output");
+  cmd->callback([&action] {
+    action = [] {
+      const Workload w = load_workload(file);
+      const EmulatorModel m(w.gpu());
+      const int f = freq == 0 ? w.gpu().max_freq_mhz : check_freq(w.gpu(), freq, "--freq");
+      const IterationResult r = emulate_schedule(w, m, schedule, f);
+      std::cout << (json ? iteration_json(r).dump(2) + "\n" : iteration_text(r));
+      return 0;
+    };
+  });
+}
+
+}  // namespace kareus::cli

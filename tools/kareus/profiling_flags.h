@@ -1,0 +1,58 @@
+// Flags shared by every verb that measures: backend choice, profile store, emulator noise.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kareus/profiler.h"
+#include "kareus/store.h"
+#include "kareus/workload.h"
+
+namespace kareus::cli {
+
+struct ProfilingFlags {
+  std::string backend = "emulator";
+  std::string db;
+  std::string trace;
+  double noise = 0.01;
+  std::uint64_t seed = 1;
+  int delay_ms = 0;
+};
+
+inline void add_profiling_flags(CLI::App* cmd, ProfilingFlags& f) {
+  cmd->add_option("--backend", f.backend, "profiling backend: emulator, trace")
+      ->capture_default_str();
+  cmd->add_option("--db", f.db, "profile store (SQLite); reused and extended across runs");
+  cmd->add_option("--trace", f.trace, "CSV of measurements for --backend trace");
+  cmd->add_option("--noise", f.noise, "emulator measurement noise (relative std. dev.)")
+      ->capture_default_str();
+  cmd->add_option("--noise-seed", f.seed, "emulator noise seed")->capture_default_str();
+  cmd->add_option("--emulate-profiling-delay-ms", f.delay_ms,
+                  "wall time each emulated measurement takes, as real profiling would")
+      ->capture_default_str();
+}
+
+/// The backend and (optional) store the flags ask for.
+struct ProfilingSession {
+  std::unique_ptr<Profiler> backend;
+  std::unique_ptr<ProfileStore> store;
+  std::unique_ptr<CachedProfiler> cached;
+};
+
+inline ProfilingSession open_profiling(const ProfilingFlags& f, const Workload& w) {
+  ProfilingSession s;
+  ProfilerOptions o;
+  o.gpu = w.gpu_name;
+  o.noise = f.noise;
+  o.seed = f.seed;
+  o.delay_ms = f.delay_ms;
+  o.trace_path = f.trace;
+  s.backend = create_profiler(f.backend, o);
+  if (!f.db.empty()) s.store = std::make_unique<ProfileStore>(f.db);
+  s.cached = std::make_unique<CachedProfiler>(*s.backend, s.store.get());
+  return s;
+}
+
+}  // namespace kareus::cli
