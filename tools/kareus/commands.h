@@ -13,5 +13,6 @@ void register_workload(CLI::App& app, Action& action);
 void register_emulate(CLI::App& app, Action& action);
 void register_calibrate(CLI::App& app, Action& action);
 void register_profile(CLI::App& app, Action& action);
+void register_search(CLI::App& app, Action& action);
 
 }  // namespace kareus::cli

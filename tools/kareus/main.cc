@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   kareus::cli::Action action;
   kareus::cli::register_workload(app, action);
   kareus::cli::register_profile(app, action);
+  kareus::cli::register_search(app, action);
   kareus::cli::register_emulate(app, action);
   kareus::cli::register_calibrate(app, action);
 

@@ -1,0 +1,191 @@
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "kareus/emulator.h"
+#include "kareus/error.h"
+#include "kareus/search.h"
+#include "test_util.h"
+
+namespace kareus {
+namespace {
+
+struct Fixture {
+  Workload w = load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096"));
+  PartitionSet ps = partition_workload(w);
+  EmulatorProfiler prof{{w.gpu_name, 0.01, 1, 0, ""}};
+  CachedProfiler cp{prof, nullptr};
+};
+
+std::vector<std::tuple<int, int, std::string>> configs(const SearchResult& r) {
+  std::vector<std::tuple<int, int, std::string>> out;
+  for (const auto& p : r.points) out.emplace_back(p.config.freq_mhz, p.config.sms, p.config.slot);
+  return out;
+}
+
+TEST(SearchSpace, ArtifactDefaults) {
+  Fixture f;
+  const auto s = make_search_space(f.ps.partition("fwd_attn"), f.w.gpu());
+  EXPECT_EQ(s.size(), 18u * 10 * 4);
+  EXPECT_EQ(s.sms.front(), 3);
+  EXPECT_EQ(s.sms.back(), 30);
+  const auto cp = partition_workload(load_workload(test::paper_workload("qwen3-1.7b_cp2tp4_mbs8_seq4096")));
+  const auto ag = make_search_space(cp.partition("fwd_ao_ag"), f.w.gpu());
+  EXPECT_EQ(ag.sms.size(), 20u);
+  EXPECT_EQ(ag.sms.front(), 1);
+  std::set<std::tuple<int, int, std::string>> uniq;
+  for (const auto& c : s.configs()) uniq.insert({c.freq_mhz, c.sms, c.slot});
+  EXPECT_EQ(uniq.size(), s.size());
+  EXPECT_THROW(make_search_space(f.ps.partition("fwd_attn"), f.w.gpu(), {{1405}, {}}), InvalidInput);
+  EXPECT_THROW(make_search_space(f.ps.partition("fwd_attn"), f.w.gpu(), {{}, {0}}), InvalidInput);
+}
+
+TEST(Search, SameSeedSameResult) {
+  Fixture f;
+  const auto& p = f.ps.partition("bwd_attn");
+  const auto space = make_search_space(p, f.w.gpu());
+  SearchOptions o;
+  o.budget = 112;
+  for (const char* name : {"mbo", "random"}) {
+    auto s = create_search_strategy(name);
+    o.seed = 5;
+    const auto a = s->run(p, space, f.cp, o, {});
+    const auto b = s->run(p, space, f.cp, o, {});
+    o.seed = 6;
+    const auto c = s->run(p, space, f.cp, o, {});
+    EXPECT_EQ(configs(a), configs(b)) << name;
+    EXPECT_NE(configs(a), configs(c)) << name;
+    EXPECT_EQ(a.evaluations, 112) << name;
+    std::set<std::tuple<int, int, std::string>> uniq;
+    for (const auto& t : configs(a)) uniq.insert(t);
+    EXPECT_EQ(uniq.size(), 112u) << name << ": duplicates measured";
+  }
+}
+
+TEST(Search, BudgetBeyondSpaceMeasuresItAll) {
+  Fixture f;
+  const auto& p = f.ps.partition("fwd_mlp");
+  const auto space = make_search_space(p, f.w.gpu());
+  SearchOptions o;
+  o.budget = 100000;
+  for (const char* name : {"mbo", "random", "exhaustive"}) {
+    EXPECT_EQ(create_search_strategy(name)->run(p, space, f.cp, o, {}).evaluations, 540) << name;
+  }
+}
+
+TEST(Search, MboBeatsRandomOnAPartition) {
+  Fixture f;
+  const auto& p = f.ps.partition("bwd_mlp");
+  const auto space = make_search_space(p, f.w.gpu());
+  SearchOptions o;
+  const auto ex = create_search_strategy("exhaustive")->run(p, space, f.cp, o, {});
+  Point2 lo{1e300, 1e300}, hi{0, 0};
+  std::vector<Point2> all;
+  for (const auto& x : ex.points) {
+    all.push_back({x.m.time_s, x.m.energy_j});
+    lo = {std::min(lo.x, x.m.time_s), std::min(lo.y, x.m.energy_j)};
+    hi = {std::max(hi.x, x.m.time_s), std::max(hi.y, x.m.energy_j)};
+  }
+  const double full = normalized_hypervolume(all, lo, hi);
+  auto frac = [&](const char* name, std::uint64_t seed) {
+    o.seed = seed;
+    o.budget = 224;
+    const auto r = create_search_strategy(name)->run(p, space, f.cp, o, {});
+    std::vector<Point2> pts;
+    for (const auto& x : r.points) pts.push_back({x.m.time_s, x.m.energy_j});
+    return normalized_hypervolume(pts, lo, hi) / full;
+  };
+  double mbo = 0, rnd = 0;
+  for (std::uint64_t s = 1; s <= 3; ++s) {
+    mbo += frac("mbo", s) / 3;
+    rnd += frac("random", s) / 3;
+  }
+  EXPECT_GT(mbo, rnd);
+  EXPECT_GT(mbo, 0.98);
+  EXPECT_LE(mbo, 1.0 + 1e-12);  // the exhaustive set contains every point mbo can measure
+}
+
+TEST(Search, FrontsPerFrequencyMatchBruteForce) {
+  Fixture f;
+  const auto& p = f.ps.partition("fwd_attn");
+  SearchOptions o;
+  o.budget = 224;
+  const auto r = create_search_strategy("mbo")->run(p, make_search_space(p, f.w.gpu()), f.cp, o, {});
+  const auto fronts = r.fronts_per_frequency();
+  for (std::size_t i = 0; i < r.points.size(); ++i) {
+    const auto& a = r.points[i];
+    bool dominated = false;
+    for (const auto& b : r.points) {
+      if (b.config.freq_mhz != a.config.freq_mhz) continue;
+      if (b.m.time_s <= a.m.time_s && b.m.dynamic_energy_j <= a.m.dynamic_energy_j &&
+          (b.m.time_s < a.m.time_s || b.m.dynamic_energy_j < a.m.dynamic_energy_j)) {
+        dominated = true;
+      }
+    }
+    const auto& fr = fronts.at(a.config.freq_mhz);
+    const bool in = std::find(fr.begin(), fr.end(), i) != fr.end();
+    EXPECT_EQ(in, !dominated) << i;
+  }
+}
+
+TEST(Search, LatinHypercubeAndStoppingRule) {
+  Fixture f;
+  const auto& p = f.ps.partition("fwd_attn");
+  const auto space = make_search_space(p, f.w.gpu());
+  SearchOptions o;
+  o.initial_design = "lhs";
+  o.budget = 96;
+  o.initial_points = 224;  // the whole budget is the initial design
+  const auto r = create_search_strategy("mbo")->run(p, space, f.cp, o, {});
+  // 96 points over 18 clocks: every clock is used, none more than ceil(96/18)+1 times.
+  std::map<int, int> per_freq;
+  for (const auto& x : r.points) ++per_freq[x.config.freq_mhz];
+  EXPECT_EQ(per_freq.size(), 18u);
+  for (const auto& [fq, n] : per_freq) EXPECT_LE(n, 7) << fq;
+  SearchOptions s;
+  s.stop_threshold = 0.5;  // no batch adds half the hypervolume: stops after the first batch
+  const auto st = create_search_strategy("mbo")->run(p, space, f.cp, s, {});
+  EXPECT_TRUE(st.stopped_early);
+  EXPECT_EQ(st.batches, 1);
+  EXPECT_EQ(st.evaluations, 96 + 32);
+  SearchOptions bad;
+  bad.share_fastest = 0.5;
+  EXPECT_THROW(create_search_strategy("mbo")->run(p, space, f.cp, bad, {}), InvalidInput);
+}
+
+TEST(Search, ResumesFromTheStore) {
+  test::TempDir tmp;
+  const std::string wl = test::paper_workload("qwen3-1.7b_tp8_mbs8_seq4096");
+  const std::string args = "search " + wl + " --partition fwd_mlp --strategy mbo --budget 120 "
+                           "--seed 3 --json --quiet --db " + tmp.file("s.db");
+  const auto a = test::run_cli(args);
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  const auto b = test::run_cli(args);
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  const auto ja = nlohmann::json::parse(a.out), jb = nlohmann::json::parse(b.out);
+  EXPECT_EQ(ja.at("evaluations"), 120);
+  EXPECT_EQ(ja.at("resumed"), 0);
+  EXPECT_EQ(jb.at("resumed"), 120);
+  EXPECT_EQ(ja.at("points"), [&] {
+    auto p = jb.at("points");
+    for (auto& x : p) x["from_store"] = false;
+    return p;
+  }());
+  EXPECT_FALSE(ja.at("front").empty());
+  for (const auto& fp : ja.at("front")) {
+    for (const char* k : {"freq_mhz", "sms", "slot", "time_s", "energy_j"}) EXPECT_TRUE(fp.contains(k));
+  }
+}
+
+TEST(Search, InvalidStrategyListsValidOnes) {
+  const auto r = test::run_cli("search " + test::paper_workload("qwen3-1.7b_tp8_mbs8_seq4096") +
+                               " --partition fwd_mlp --strategy bayes");
+  EXPECT_EQ(r.exit_code, 2);
+  for (const char* n : {"mbo", "random", "exhaustive"}) {
+    EXPECT_NE(r.err.find(n), std::string::npos) << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace kareus

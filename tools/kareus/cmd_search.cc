@@ -1,0 +1,102 @@
+// `kareus search FILE --partition KEY --strategy mbo|random|exhaustive --budget N --seed S`:
+// searches one partition's configuration space and prints every measured point and the
+// Pareto front on (time, energy).
+#include <fmt/format.h>
+
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "kareus/error.h"
+#include "kareus/progress.h"
+#include "kareus/search.h"
+#include "kareus/table.h"
+#include "profiling_flags.h"
+
+namespace kareus::cli {
+
+nlohmann::json search_point_json(const SearchPoint& p) {
+  return {{"freq_mhz", p.config.freq_mhz},     {"sms", p.config.sms},
+          {"slot", p.config.slot},             {"time_s", p.m.time_s},
+          {"energy_j", p.m.energy_j},          {"dynamic_energy_j", p.m.dynamic_energy_j},
+          {"from_store", p.from_store}};
+}
+
+void register_search(CLI::App& app, Action& action) {
+  auto* cmd = app.add_subcommand("search", "Search one partition for its time-energy Pareto front");
+  static std::string file, partition, strategy = "mbo";
+  static SearchOptions opt;
+  static bool json = false, quiet = false;
+  static ProfilingFlags flags;
+  cmd->add_option("FILE", file, "workload YAML file")->required();
+  cmd->add_option("--partition", partition, "partition key (see `kareus workload show`)")
+      ->required();
+  cmd->add_option("--strategy", strategy, "mbo, random or exhaustive")->capture_default_str();
+  cmd->add_option("--budget", opt.budget, "measurements (the whole space if larger)")
+      ->capture_default_str();
+  cmd->add_option("--seed", opt.seed, "seed of every random choice")->capture_default_str();
+  cmd->add_option("--initial-points", opt.initial_points,
+                  "mbo: random initial points at budget 224 (scaled below it)")
+      ->capture_default_str();
+  cmd->add_option("--batch-size", opt.batch_size, "mbo: points per batch")->capture_default_str();
+  cmd->add_option("--initial-design", opt.initial_design, "mbo: random or lhs")
+      ->capture_default_str();
+  cmd->add_option("--stop-threshold", opt.stop_threshold,
+                  "mbo: stop when a batch adds less than this fraction of hypervolume (0: off)")
+      ->capture_default_str();
+  cmd->add_flag("--json", json, "machine-readable output");
+  cmd->add_flag("--quiet", quiet, "no progress bar");
+  add_profiling_flags(cmd, flags);
+  cmd->callback([&action] {
+    action = [] {
+      auto strat = create_search_strategy(strategy);
+      const Workload w = load_workload(file);
+      const PartitionSet ps = partition_workload(w);
+      const Partition& p = ps.partition(partition);
+      ProfilingSession session = open_profiling(flags, w);
+      const SearchSpace space = make_search_space(p, session.backend->gpu());
+      const std::size_t expect = strategy == "exhaustive"
+                                     ? space.size()
+                                     : std::min<std::size_t>(space.size(),
+                                                             static_cast<std::size_t>(std::max(opt.budget, 1)));
+      Progress bar(fmt::format("search {} ({})", p.key, strategy), expect, !quiet);
+      const SearchResult r = strat->run(p, space, *session.cached, opt, [&](int done, int) {
+        bar.update(static_cast<std::size_t>(done));
+      });
+      bar.finish();
+      const auto front = r.front();
+      if (json) {
+        nlohmann::json j;
+        j["partition"] = p.key;
+        j["strategy"] = r.strategy;
+        j["space_size"] = space.size();
+        j["evaluations"] = r.evaluations;
+        j["resumed"] = r.resumed;
+        j["batches"] = r.batches;
+        j["stopped_early"] = r.stopped_early;
+        j["surrogate_seconds"] = r.surrogate_seconds;
+        j["points"] = nlohmann::json::array();
+        for (const auto& pt : r.points) j["points"].push_back(search_point_json(pt));
+        j["front"] = nlohmann::json::array();
+        for (std::size_t i : front) j["front"].push_back(search_point_json(r.points[i]));
+        std::cout << j.dump(2) << "\n";
+        return 0;
+      }
+      std::cout << fmt::format(
+          "{}: {} of {} configurations measured with {} ({} from the store), {} on the front\n",
+          p.key, r.evaluations, space.size(), r.strategy, r.resumed, front.size());
+      TextTable t({"freq MHz", "SMs", "slot", "time ms", "energy J", "dynamic J"});
+      for (std::size_t i : front) {
+        const auto& pt = r.points[i];
+        t.add_row({std::to_string(pt.config.freq_mhz), std::to_string(pt.config.sms),
+                   pt.config.slot, fmt::format("{:.4f}", 1e3 * pt.m.time_s),
+                   fmt::format("{:.4f}", pt.m.energy_j),
+                   fmt::format("{:.4f}", pt.m.dynamic_energy_j)});
+      }
+      std::cout << t.render();
+      return 0;
+    };
+  });
+}
+
+}  // namespace kareus::cli
