@@ -77,9 +77,9 @@ class EmulatorModel {
   /// Compute kernels `ops` overlapped with `collective` launched before op `slot_index`.
   SimResult simulate_overlap(const std::vector<Kernel>& ops, const Kernel* collective,
                              int slot_index, int sms, int freq_mhz) const;
-  /// Time of a point-to-point message between pipeline stages (edge delay).
-  double p2p_time_s(const Kernel& p2p) const;
-  double p2p_dynamic_energy_j(const Kernel& p2p) const;
+  /// Bandwidth a collective can reach on its links (bytes/s): NCCL's ring bus bandwidth inside
+  /// a node, one NVLink direction for point-to-point, the NIC across nodes.
+  double link_bandwidth(const Kernel& collective) const;
 
   /// NCCL's default CTA count for a collective (the Nanobatching baseline).
   int default_collective_sms(const Kernel& collective) const;

@@ -97,9 +97,7 @@ EmulatorModel::Rates EmulatorModel::rates(const Kernel* op, int op_sms, const Ke
   Rates r;
   double op_hbm_rate = 0, coll_hbm_rate = 0, t_c = 0, t_m = 0;
   if (coll) {
-    const double link = coll->inter_node
-                            ? gpu_.internode_bandwidth_gbs * 1e9 * p_.internode_efficiency
-                            : gpu_.nccl_ring_busbw_gbs * 1e9;
+    const double link = link_bandwidth(*coll);
     const double per_cta = gpu_.nccl_ring_busbw_gbs * 1e9 / p_.nccl_sms_to_saturate * fr;
     r.coll_bytes_per_s = std::min(link, coll_sms * per_cta);
     coll_hbm_rate = r.coll_bytes_per_s * p_.collective_hbm_factor;
@@ -186,12 +184,7 @@ SimResult EmulatorModel::simulate_overlap(const std::vector<Kernel>& ops, const 
   // NCCL returns at once for an empty buffer: such a collective neither runs nor holds SMs.
   enum { kWaiting, kActive, kDone } cs = coll && coll->wire_bytes() > 0 ? kWaiting : kDone;
   double coll_left = 0;
-  if (coll) {
-    const double link = coll->inter_node
-                            ? gpu_.internode_bandwidth_gbs * 1e9 * p_.internode_efficiency
-                            : gpu_.nccl_ring_busbw_gbs * 1e9;
-    coll_left = coll->wire_bytes() + p_.collective_latency_s * link;
-  }
+  if (coll) coll_left = coll->wire_bytes() + p_.collective_latency_s * link_bandwidth(*coll);
   double t = 0, e = 0;
   while (i < ops.size() || cs != kDone) {
     if (cs == kWaiting && static_cast<int>(i) >= slot_index) cs = kActive;
@@ -260,15 +253,14 @@ SimResult EmulatorModel::simulate_sequence(const std::vector<Kernel>& kernels, i
   return total;
 }
 
-double EmulatorModel::p2p_time_s(const Kernel& p2p) const {
-  const double bw = p2p.inter_node ? gpu_.internode_bandwidth_gbs * 1e9 * p_.internode_efficiency
-                                   : gpu_.nvlink_bandwidth_gbs / 2 * 1e9 * p_.internode_efficiency;
-  return p_.collective_latency_s + p2p.payload_bytes / bw;
-}
-
-double EmulatorModel::p2p_dynamic_energy_j(const Kernel& p2p) const {
-  return p_.link_pj_per_bit * 8e-12 * p2p.payload_bytes +
-         p_.hbm_pj_per_bit * 8e-12 * 2.0 * p2p.payload_bytes;
+double EmulatorModel::link_bandwidth(const Kernel& coll) const {
+  if (coll.inter_node) return gpu_.internode_bandwidth_gbs * 1e9 * p_.internode_efficiency;
+  // A point-to-point copy uses one direction of NVLink; a ring collective reaches the bus
+  // bandwidth NCCL reports.
+  if (coll.collective == CollectiveKind::kP2P) {
+    return gpu_.nvlink_bandwidth_gbs / 2 * 1e9 * p_.internode_efficiency;
+  }
+  return gpu_.nccl_ring_busbw_gbs * 1e9;
 }
 
 }  // namespace kareus

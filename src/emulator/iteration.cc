@@ -72,8 +72,11 @@ IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, Exe
   const PartitionSet ps = partition_workload(wl);
   const int pp = w.parallel.pp;
   const int mbs = w.batch.micro_batches;
-  const double p2p_t = pp > 1 ? m.p2p_time_s(ps.graph.p2p) : 0.0;
-  const double p2p_e = pp > 1 ? m.p2p_dynamic_energy_j(ps.graph.p2p) : 0.0;
+  // Messages between stages and once-per-iteration reductions run at the maximum clock with
+  // NCCL's default CTAs, as the planner assumes (src/plan/planner.cc).
+  const int fmax = m.gpu().max_freq_mhz, sms = m.gpu().nccl_default_channels;
+  const SimResult p2p = pp > 1 ? m.simulate_sequence({ps.graph.p2p}, fmax, sms) : SimResult{};
+  const double p2p_t = p2p.time_s, p2p_e = p2p.dynamic_energy_j;
 
   // Instruction costs, memoized per distinct settings.
   std::map<std::string, InstructionCost> memo;
@@ -83,7 +86,7 @@ IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, Exe
     for (const auto& [pk, c] : st.partitions) key += fmt::format("|{}:{}:{}", pk, c.sms, c.slot);
     auto it = memo.find(key);
     if (it == memo.end()) it = memo.emplace(key, emulate_instruction(ps, m, mode, s, k, st)).first;
-    return std::make_pair(it->second, st.freq_mhz);
+    return it->second;
   };
 
   std::vector<std::vector<std::pair<InstructionKind, int>>> order(static_cast<std::size_t>(pp));
@@ -93,7 +96,6 @@ IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, Exe
       bend(pp, std::vector<double>(mbs, -1));
   std::vector<std::size_t> next(pp, 0);
   std::vector<double> clock(pp, 0.0), dyn(pp, 0.0), busy(pp, 0.0);
-  std::vector<int> last_freq(pp, m.gpu().max_freq_mhz);
   bool progress = true;
   while (progress) {
     progress = false;
@@ -111,13 +113,12 @@ IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, Exe
           if (bend[s + 1][mb] < 0) break;
           ready = std::max(ready, bend[s + 1][mb] + p2p_t);
         }
-        const auto [c, f] = cost_of(s, kind, mb);
+        const InstructionCost c = cost_of(s, kind, mb);
         const double end = ready + c.time_s;
         (kind == InstructionKind::kForward ? fend : bend)[s][mb] = end;
         clock[s] = end;
         dyn[s] += c.dynamic_energy_j;
         busy[s] += c.time_s;
-        last_freq[s] = f;
         const bool sends = kind == InstructionKind::kForward ? s < pp - 1 : s > 0;
         if (sends) dyn[s] += p2p_e;
         ++ns;
@@ -131,8 +132,7 @@ IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, Exe
   // Once-per-iteration reductions after the last backward (DP gradients, tied embeddings).
   for (int idx : ps.iteration_segments) {
     const auto& seg = ps.segments[static_cast<std::size_t>(idx)];
-    const SimResult r =
-        m.simulate_sequence(seg.kernels, last_freq[seg.stage], m.gpu().nccl_default_channels);
+    const SimResult r = m.simulate_sequence(seg.kernels, fmax, sms);
     clock[seg.stage] += r.time_s;
     dyn[seg.stage] += r.dynamic_energy_j;
     busy[seg.stage] += r.time_s;

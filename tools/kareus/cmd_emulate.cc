@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "kareus/emulator.h"
 #include "kareus/error.h"
+#include "kareus/plan.h"
 #include "kareus/table.h"
 
 namespace kareus::cli {
@@ -52,20 +53,37 @@ int check_freq(const GpuSpec& g, int freq_mhz, const char* flag) {
 void register_emulate(CLI::App& app, Action& action) {
   auto* cmd = app.add_subcommand(
       "emulate", "Emulate a whole training iteration under a reference schedule");
-  static std::string file, schedule = "megatron";
+  static std::string file, schedule = "megatron", plan_file;
   static int freq = 0;
   static bool json = false;
   cmd->add_option("FILE", file, "workload YAML file")->required();
   cmd->add_option("--schedule", schedule, "megatron (sequential kernels) or nanobatch")
       ->capture_default_str();
   cmd->add_option("--freq", freq, "uniform SM clock in MHz (default: the GPU's maximum)");
+  cmd->add_option("--plan", plan_file,
+                  "replay a plan (per-instruction clocks and partition settings) instead");
   cmd->add_flag("--json", json, "machine-readable output");
   cmd->callback([&action] {
     action = [] {
       const Workload w = load_workload(file);
       const EmulatorModel m(w.gpu());
-      const int f = freq == 0 ? w.gpu().max_freq_mhz : check_freq(w.gpu(), freq, "--freq");
-      const IterationResult r = emulate_schedule(w, m, schedule, f);
+      IterationResult r;
+      if (!plan_file.empty()) {
+        const Plan p = load_plan(plan_file);
+        if (p.workload_digest != workload_digest(w)) {
+          throw InvalidInput(fmt::format("{}: the plan was made for workload '{}' ({}), not for {}",
+                                         plan_file, p.workload, p.workload_digest, file));
+        }
+        for (const auto& st : p.stages) {
+          for (const auto& in : st.instructions) check_freq(w.gpu(), in.freq_mhz, "plan freq_mhz");
+        }
+        r = emulate_iteration(w, m, p.execution, [&p](int s, InstructionKind k, int mb) {
+          return p.settings(s, k, mb);
+        });
+      } else {
+        const int f = freq == 0 ? w.gpu().max_freq_mhz : check_freq(w.gpu(), freq, "--freq");
+        r = emulate_schedule(w, m, schedule, f);
+      }
       std::cout << (json ? iteration_json(r).dump(2) + "\n" : iteration_text(r));
       return 0;
     };

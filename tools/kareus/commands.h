@@ -14,5 +14,7 @@ void register_emulate(CLI::App& app, Action& action);
 void register_calibrate(CLI::App& app, Action& action);
 void register_profile(CLI::App& app, Action& action);
 void register_search(CLI::App& app, Action& action);
+void register_frontier(CLI::App& app, Action& action);
+void register_plan(CLI::App& app, Action& action);
 
 }  // namespace kareus::cli

@@ -19,6 +19,8 @@ int main(int argc, char** argv) {
   kareus::cli::register_workload(app, action);
   kareus::cli::register_profile(app, action);
   kareus::cli::register_search(app, action);
+  kareus::cli::register_frontier(app, action);
+  kareus::cli::register_plan(app, action);
   kareus::cli::register_emulate(app, action);
   kareus::cli::register_calibrate(app, action);
 

@@ -1,0 +1,56 @@
+// Hierarchical composition (brief section 6), instruction level: for each stage, instruction
+// (forward, backward) and clock, combine the Pareto-optimal configurations of every partition in
+// the instruction (one configuration per partition for all its instances, as in the paper), sum
+// times and dynamic energies over the instances, add the segments, and keep the Pareto set on
+// (time, dynamic energy). The sum of Pareto sets is computed incrementally (Minkowski sum with a
+// Pareto filter after each partition), which is exact: every Pareto-optimal total is a sum of
+// Pareto-optimal parts.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kareus/partition.h"
+#include "kareus/profiler.h"
+
+namespace kareus {
+
+/// One measured configuration of one partition (per instance, one GPU).
+struct PartitionOption {
+  PartitionConfig config;
+  double time_s = 0;
+  double dynamic_energy_j = 0;
+};
+
+/// For every clock, the Pareto-optimal (time, dynamic energy) configurations of one partition.
+using PartitionFronts = std::map<int, std::vector<PartitionOption>>;
+
+/// Cost of a segment at a clock (per instance, one GPU).
+using SegmentCostFn = std::function<PartitionOption(const Segment&, int freq_mhz)>;
+
+/// One way to run an instruction: its clock and every partition's configuration.
+struct InstructionOption {
+  int freq_mhz = 0;
+  double time_s = 0;            ///< one micro-batch, one GPU
+  double dynamic_energy_j = 0;  ///< one micro-batch, one GPU
+  std::map<std::string, PartitionConfig> partitions;  ///< by key (empty when sequential)
+};
+
+struct ComposeOptions {
+  std::vector<int> freqs_mhz;  ///< clocks to compose at (an instruction runs at one clock)
+};
+
+/// Pareto set of InstructionOptions of one instruction. `fronts` holds every partition of the
+/// instruction (by key); a clock at which some partition has no option is skipped.
+std::vector<InstructionOption> compose_instruction(const PartitionSet& ps, int stage,
+                                                   InstructionKind kind,
+                                                   const std::map<std::string, PartitionFronts>& fronts,
+                                                   const SegmentCostFn& segment_cost,
+                                                   const ComposeOptions& o);
+
+/// Keeps the Pareto set on (time, dynamic energy), sorted by time ascending.
+std::vector<InstructionOption> pareto_filter(std::vector<InstructionOption> options);
+
+}  // namespace kareus

@@ -1,0 +1,64 @@
+// Iteration-level planning: the DAG of pipeline instructions and the time-energy frontier.
+//
+// The solver is the Phillips-Dessouky time-cost trade-off algorithm (Phillips & Dessouky,
+// "Solving the project time/cost tradeoff problem using the minimal cut concept", Management
+// Science 1977), as used by Perseus (Chung et al., SOSP '24; the lowtime library). See
+// src/frontier/phillips_dessouky.cc for where it is exact and where it is a heuristic.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kareus {
+
+struct DagOption {
+  double time_s = 0;
+  double energy_j = 0;  ///< dynamic energy, summed over the stage's GPUs
+};
+
+struct DagNode {
+  int id = 0;
+  int stage = 0;
+  std::string instruction;  ///< "forward", "backward", "p2p", "iteration"
+  int microbatch = -1;
+  std::vector<DagOption> options;  ///< Pareto-optimal on (time, energy), time ascending
+};
+
+struct IterationDag {
+  std::vector<DagNode> nodes;
+  std::vector<std::pair<int, int>> edges;  ///< (from, to): `to` starts after `from` ends
+  double static_power_w = 0;
+  int gpus = 0;  ///< whole job
+
+  /// Longest path (seconds) when node i runs option choice[i].
+  double makespan_s(const std::vector<int>& choice) const;
+  /// Total energy of a choice: dynamic energies + gpus x static power x makespan.
+  double energy_j(const std::vector<int>& choice) const;
+  /// Topological order of node ids (throws InternalError on a cycle).
+  std::vector<int> topological_order() const;
+};
+
+struct FrontierPoint {
+  double time_s = 0;
+  double energy_j = 0;          ///< total: dynamic + static
+  double dynamic_energy_j = 0;
+  std::vector<int> choice;      ///< option index per node
+};
+
+struct FrontierOptions {
+  double unit_s = 1e-3;  ///< time quantum of the solver
+};
+
+struct FrontierStats {
+  int iterations = 0;
+  int cuts_without_credit = 0;  ///< cuts taken with lb = 0 because the bounds were infeasible
+  double seconds = 0;
+};
+
+/// The Pareto frontier on (iteration time, total energy), fastest first. Every point is
+/// evaluated on the discrete options it chose.
+std::vector<FrontierPoint> solve_frontier(const IterationDag& dag, const FrontierOptions& o = {},
+                                          FrontierStats* stats = nullptr);
+
+}  // namespace kareus
