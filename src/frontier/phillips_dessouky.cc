@@ -24,8 +24,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <boost/graph/adjacency_list.hpp>
-#include <boost/graph/push_relabel_max_flow.hpp>
+#include <boost/graph/compressed_sparse_row_graph.hpp>
+#include <boost/graph/edmonds_karp_max_flow.hpp>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -38,39 +38,62 @@
 namespace kareus {
 namespace {
 
-using Traits = boost::adjacency_list_traits<boost::vecS, boost::vecS, boost::directedS>;
-using FlowGraph = boost::adjacency_list<
-    boost::vecS, boost::vecS, boost::directedS, boost::no_property,
-    boost::property<boost::edge_capacity_t, double,
-                    boost::property<boost::edge_residual_capacity_t, double,
-                                    boost::property<boost::edge_reverse_t, Traits::edge_descriptor>>>>;
-using Edge = Traits::edge_descriptor;
+// A flow network in compressed sparse row form, rebuilt for every cut from an edge list: one
+// allocation per array instead of one per edge, and only the critical arcs' vertices.
+struct FlowEdge {
+  std::size_t id = 0;  ///< insertion order; edge 2k and 2k+1 are each other's reverse
+};
+using FlowGraph = boost::compressed_sparse_row_graph<boost::directedS, boost::no_property, FlowEdge>;
+using Edge = boost::graph_traits<FlowGraph>::edge_descriptor;
 
 constexpr double kInf = 1e12;
 constexpr double kEps = 1e-9;
 
-// A flow network with paired reverse edges, as Boost's max-flow algorithms expect.
 class Flow {
  public:
-  explicit Flow(std::size_t n) : g_(n) {}
-  Edge add(std::size_t u, std::size_t v, double cap) {
-    auto [e, ok1] = boost::add_edge(u, v, g_);
-    auto [r, ok2] = boost::add_edge(v, u, g_);
-    (void)ok1;
-    (void)ok2;
-    boost::put(boost::edge_capacity, g_, e, cap);
-    boost::put(boost::edge_capacity, g_, r, 0.0);
-    boost::put(boost::edge_reverse, g_, e, r);
-    boost::put(boost::edge_reverse, g_, r, e);
-    return e;
+  /// Adds u -> v with `cap` and its reverse with 0; returns the edge's id.
+  std::size_t add(std::size_t u, std::size_t v, double cap) {
+    const std::size_t id = ends_.size();
+    ends_.push_back({u, v});
+    ids_.push_back({id});
+    caps_.push_back(cap);
+    ends_.push_back({v, u});
+    ids_.push_back({id + 1});
+    caps_.push_back(0.0);
+    return id;
   }
-  double max_flow(std::size_t s, std::size_t t) {
-    return boost::push_relabel_max_flow(g_, s, t);
+  /// Builds the graph over vertices 0..n-1 and runs the maximum flow from s to t.
+  double max_flow(std::size_t n, std::size_t s, std::size_t t) {
+    g_ = FlowGraph(boost::edges_are_unsorted_multi_pass, ends_.begin(), ends_.end(), ids_.begin(),
+                   n);
+    const auto eindex = boost::get(boost::edge_index, g_);
+    const std::size_t m = ends_.size();
+    at_.assign(m, 0);  // insertion id -> CSR edge index
+    std::vector<Edge> by_index(m);
+    for (auto [it, end] = boost::edges(g_); it != end; ++it) {
+      at_[g_[*it].id] = (*it).idx;
+      by_index[(*it).idx] = *it;
+    }
+    cap_.assign(m, 0.0);
+    res_.assign(m, 0.0);
+    rev_.assign(m, Edge());
+    for (std::size_t k = 0; k < m; ++k) {
+      cap_[at_[k]] = caps_[k];
+      rev_[at_[k]] = by_index[at_[k ^ 1]];
+    }
+    color_.assign(n, boost::default_color_type());
+    pred_.assign(n, Edge());
+    const auto vindex = boost::get(boost::vertex_index, g_);
+    return boost::edmonds_karp_max_flow(
+        g_, s, t,
+        boost::capacity_map(boost::make_iterator_property_map(cap_.begin(), eindex))
+            .residual_capacity_map(boost::make_iterator_property_map(res_.begin(), eindex))
+            .reverse_edge_map(boost::make_iterator_property_map(rev_.begin(), eindex))
+            .color_map(boost::make_iterator_property_map(color_.begin(), vindex))
+            .predecessor_map(boost::make_iterator_property_map(pred_.begin(), vindex)));
   }
-  double flow(Edge e) const {
-    return boost::get(boost::edge_capacity, g_, e) - boost::get(boost::edge_residual_capacity, g_, e);
-  }
-  /// Vertices reachable from s through edges with residual capacity.
+  double flow(std::size_t id) const { return cap_[at_[id]] - res_[at_[id]]; }
+  /// Vertices reachable from s through edges with residual capacity (after max_flow).
   std::vector<bool> reachable(std::size_t s) const {
     std::vector<bool> seen(boost::num_vertices(g_), false);
     std::vector<std::size_t> stack = {s};
@@ -80,7 +103,7 @@ class Flow {
       stack.pop_back();
       for (auto [it, end] = boost::out_edges(u, g_); it != end; ++it) {
         const std::size_t v = boost::target(*it, g_);
-        if (!seen[v] && boost::get(boost::edge_residual_capacity, g_, *it) > kEps) {
+        if (!seen[v] && res_[(*it).idx] > kEps) {
           seen[v] = true;
           stack.push_back(v);
         }
@@ -90,7 +113,13 @@ class Flow {
   }
 
  private:
+  std::vector<std::pair<std::size_t, std::size_t>> ends_;
+  std::vector<FlowEdge> ids_;
+  std::vector<double> caps_, cap_, res_;
+  std::vector<std::size_t> at_;
   FlowGraph g_;
+  std::vector<Edge> rev_, pred_;
+  std::vector<boost::default_color_type> color_;
 };
 
 // An activity's quantized options and the convex envelope of its cost.
@@ -241,28 +270,19 @@ std::vector<FrontierPoint> solve_frontier(const IterationDag& dag, const Frontie
     pred[static_cast<std::size_t>(b)].push_back(a);
   }
   std::vector<FrontierPoint> points;
-  auto record = [&] {
-    std::vector<int> choice(n);
-    for (std::size_t i = 0; i < n; ++i) choice[i] = act[i].snap(d[i]);
-    std::vector<double> es(n, 0.0);
-    double M = 0;
-    for (int u : topo) {
-      const auto i = static_cast<std::size_t>(u);
-      for (int p : pred[i]) {
-        const auto pi = static_cast<std::size_t>(p);
-        es[i] = std::max(es[i], es[pi] + dag.nodes[pi].options[static_cast<std::size_t>(choice[pi])].time_s);
-      }
-      M = std::max(M, es[i] + dag.nodes[i].options[static_cast<std::size_t>(choice[i])].time_s);
-    }
-    std::vector<double> ls(n, 0.0);
+  // Hands slack back: as-late-as-possible, each activity (reverse topological order) takes its
+  // cheapest option that still finishes by its successors' start and by `limit`.
+  std::vector<double> es(n), ls(n), fin(n);
+  auto refine = [&](std::vector<int> choice, double limit) {
     for (auto it = topo.rbegin(); it != topo.rend(); ++it) {
       const auto i = static_cast<std::size_t>(*it);
-      double lf = M;
+      double lf = limit;
       for (int s : succ[i]) lf = std::min(lf, ls[static_cast<std::size_t>(s)]);
       const auto& opts = dag.nodes[i].options;
       int c = choice[i];
-      for (std::size_t j = static_cast<std::size_t>(c) + 1; j < opts.size(); ++j) {
-        if (es[i] + opts[j].time_s <= lf * (1 + 1e-12) && opts[j].energy_j < opts[static_cast<std::size_t>(c)].energy_j) {
+      for (std::size_t j = 0; j < opts.size(); ++j) {
+        if (es[i] + opts[j].time_s <= lf * (1 + 1e-12) &&
+            opts[j].energy_j < opts[static_cast<std::size_t>(c)].energy_j) {
           c = static_cast<int>(j);
         }
       }
@@ -270,17 +290,44 @@ std::vector<FrontierPoint> solve_frontier(const IterationDag& dag, const Frontie
       ls[i] = lf - opts[static_cast<std::size_t>(c)].time_s;
     }
     FrontierPoint p;
-    p.choice = choice;
-    p.time_s = dag.makespan_s(choice);
+    p.choice = std::move(choice);
+    for (int u : topo) {  // the makespan of the final choice
+      const auto i = static_cast<std::size_t>(u);
+      double start = 0;
+      for (int q : pred[i]) start = std::max(start, fin[static_cast<std::size_t>(q)]);
+      fin[i] = start + dag.nodes[i].options[static_cast<std::size_t>(p.choice[i])].time_s;
+      p.time_s = std::max(p.time_s, fin[i]);
+    }
     for (std::size_t i = 0; i < n; ++i) {
-      p.dynamic_energy_j += dag.nodes[i].options[static_cast<std::size_t>(choice[i])].energy_j;
+      p.dynamic_energy_j += dag.nodes[i].options[static_cast<std::size_t>(p.choice[i])].energy_j;
     }
     p.energy_j = p.dynamic_energy_j + dag.gpus * dag.static_power_w * p.time_s;
     points.push_back(std::move(p));
   };
+  // Real options for the quantized durations: snap, then refine twice, within the snapped
+  // makespan and within the solver's current deadline T (the snap can leave time unused).
+  auto record = [&](long T_units) {
+    std::vector<int> choice(n);
+    for (std::size_t i = 0; i < n; ++i) choice[i] = act[i].snap(d[i]);
+    double M = 0;
+    for (int u : topo) {
+      const auto i = static_cast<std::size_t>(u);
+      es[i] = 0;
+      for (int p : pred[i]) {
+        const auto pi = static_cast<std::size_t>(p);
+        es[i] = std::max(es[i], es[pi] + dag.nodes[pi].options[static_cast<std::size_t>(choice[pi])].time_s);
+      }
+      M = std::max(M, es[i] + dag.nodes[i].options[static_cast<std::size_t>(choice[i])].time_s);
+    }
+    refine(choice, M);
+    const double target = static_cast<double>(T_units) * o.unit_s;
+    if (target > M) refine(choice, target);
+  };
 
+  constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+  std::vector<std::size_t> local(V, kNone);
   long T = schedule();
-  record();
+  record(T);
   int iterations = 0;
   int stats_no_credit = 0;
   while (true) {
@@ -307,40 +354,61 @@ std::vector<FrontierPoint> solve_frontier(const IterationDag& dag, const Frontie
     // With quantized costs the lower bounds can be infeasible (the current durations are then
     // not optimal for this T); the cut is then taken without lengthening credits (lb = 0), which
     // is always feasible.
+    // Only the critical arcs' vertices enter the flow networks (compact ids).
+    std::fill(local.begin(), local.end(), kNone);
+    std::vector<std::size_t> global;
+    auto id = [&](std::size_t v) {
+      if (local[v] == kNone) {
+        local[v] = global.size();
+        global.push_back(v);
+      }
+      return local[v];
+    };
+    id(0);
+    id(1);
+    std::vector<std::pair<std::size_t, std::size_t>> cu(crit.size());
+    for (std::size_t c = 0; c < crit.size(); ++c) cu[c] = {id(arcs[crit[c]].u), id(arcs[crit[c]].v)};
+    const std::size_t W = global.size();
     auto min_cut = [&](bool with_lb) -> std::optional<std::vector<bool>> {
-      const std::size_t sp = V, tp = V + 1;
-      Flow f1(V + 2);
-      std::vector<double> excess(V, 0.0);
-      std::vector<Edge> e1(crit.size());
+      Flow f1;
+      std::vector<double> excess(W, 0.0);
+      std::vector<std::size_t> e1(crit.size());
       double need = 0;
       for (std::size_t c = 0; c < crit.size(); ++c) {
-        const Arc& a = arcs[crit[c]];
+        const auto [u, v] = cu[c];
         const double l = with_lb ? lb[c] : 0.0;
-        e1[c] = f1.add(a.u, a.v, ub[c] - l);
-        excess[a.v] += l;
-        excess[a.u] -= l;
+        e1[c] = f1.add(u, v, ub[c] - l);
+        excess[v] += l;
+        excess[u] -= l;
       }
-      for (std::size_t v = 0; v < V; ++v) {
+      for (std::size_t v = 0; v < W; ++v) {
         if (excess[v] > 0) {
-          f1.add(sp, v, excess[v]);
+          f1.add(W, v, excess[v]);
           need += excess[v];
         } else if (excess[v] < 0) {
-          f1.add(v, tp, -excess[v]);
+          f1.add(v, W + 1, -excess[v]);
         }
       }
       f1.add(1, 0, kInf);
-      if (need > 0 && f1.max_flow(sp, tp) < need * (1 - 1e-9) - kEps) return std::nullopt;
-      // 2) Maximize it from source to sink in the residual network of the feasible flow.
-      Flow f2(V);
-      for (std::size_t c = 0; c < crit.size(); ++c) {
-        const Arc& a = arcs[crit[c]];
-        const double l = with_lb ? lb[c] : 0.0;
-        const double flow = (need > 0 ? f1.flow(e1[c]) : 0.0) + l;
-        f2.add(a.u, a.v, std::max(0.0, ub[c] - flow));
-        f2.add(a.v, a.u, std::max(0.0, flow - l));
+      std::vector<double> flow(crit.size(), 0.0);
+      if (need > 0) {
+        if (f1.max_flow(W + 2, W, W + 1) < need * (1 - 1e-9) - kEps) return std::nullopt;
+        for (std::size_t c = 0; c < crit.size(); ++c) flow[c] = f1.flow(e1[c]);
       }
-      f2.max_flow(0, 1);
-      return f2.reachable(0);
+      // 2) Maximize it from source to sink in the residual network of the feasible flow.
+      Flow f2;
+      for (std::size_t c = 0; c < crit.size(); ++c) {
+        const auto [u, v] = cu[c];
+        const double l = with_lb ? lb[c] : 0.0;
+        const double fl = flow[c] + l;
+        f2.add(u, v, std::max(0.0, ub[c] - fl));
+        f2.add(v, u, std::max(0.0, fl - l));
+      }
+      f2.max_flow(W, 0, 1);
+      const std::vector<bool> reach = f2.reachable(0);
+      std::vector<bool> side(V, false);
+      for (std::size_t k = 0; k < W; ++k) side[global[k]] = reach[k];
+      return side;
     };
     auto cut_sets = min_cut(true);
     const bool credits = cut_sets.has_value();
@@ -382,7 +450,7 @@ std::vector<FrontierPoint> solve_frontier(const IterationDag& dag, const Frontie
     }
     if (T2 >= T) break;
     T = T2;
-    record();
+    record(T);
 
   }
 
