@@ -23,7 +23,7 @@ struct EmulatorParams {
   double gemm_best_efficiency = 0.87;   ///< cuBLAS best shape, A100: 271/312 TFLOP/s
   double attn_fwd_best_efficiency = 0.73;  ///< FlashAttention-2 forward on A100
   double attn_bwd_best_efficiency = 0.58;  ///< FlashAttention-2 backward on A100
-  double achieved_fraction = 0.679216;  ///< fitted
+  double achieved_fraction = 0.678951;  ///< fitted
   double gemm_tile_m = 128;             ///< CTA tile for wave quantization
   double gemm_tile_n = 256;
   double gemm_k_half = 64;              ///< K at which the main loop reaches half efficiency
@@ -41,8 +41,8 @@ struct EmulatorParams {
   double internode_efficiency = 0.9;
   double overlap_slowdown = 0.0;        ///< fitted: extra compute slowdown while a collective runs
   // Power.
-  double sm_power_w = 244.973;          ///< fitted: all SMs fully active at max clock and voltage
-  double voltage_ratio = 1.25882;       ///< fitted: V(f_max) / V_floor
+  double sm_power_w = 244.495;          ///< fitted: all SMs fully active at max clock and voltage
+  double voltage_ratio = 1.25956;       ///< fitted: V(f_max) / V_floor
   double voltage_knee_mhz = 1080;       ///< voltage floor below this clock (A100: 0.71 V)
   double idle_activity = 0.3;           ///< SM activity of a resident but stalled kernel
   double collective_activity = 0.25;    ///< SM activity of a copy/reduce CTA
