@@ -1,0 +1,133 @@
+// Plans: replay through the emulator reproduces the prediction (composition error), the
+// Perseus-style frontier of the calibration workload meets the calibration data, and bad plans
+// or goals are clear errors.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "kareus/calibrate.h"
+#include "kareus/error.h"
+#include "kareus/planner.h"
+#include "test_util.h"
+
+namespace kareus {
+namespace {
+
+const char* kPaper[] = {
+    "llama3.2-3b_tp8_mbs8_seq4096",    "llama3.2-3b_tp8_mbs8_seq8192",
+    "llama3.2-3b_tp8_mbs16_seq4096",   "llama3.2-3b_cp2tp4_mbs8_seq4096",
+    "llama3.2-3b_cp2tp4_mbs8_seq8192", "llama3.2-3b_cp2tp4_mbs16_seq4096",
+    "qwen3-1.7b_tp8_mbs8_seq4096",     "qwen3-1.7b_tp8_mbs8_seq8192",
+    "qwen3-1.7b_tp8_mbs16_seq4096",    "qwen3-1.7b_cp2tp4_mbs8_seq4096",
+    "qwen3-1.7b_cp2tp4_mbs8_seq8192",  "qwen3-1.7b_cp2tp4_mbs16_seq4096",
+    "llama3.3-70b_tp8_mbs2_seq4096",   "llama3.3-70b_tp8_mbs4_seq4096"};
+
+// Issue 5's composition-error check: on every paper workload, the max-throughput and min-energy
+// plans replayed by the whole-iteration emulation agree with their predictions within 3%.
+TEST(Plan, ReplayMatchesPredictionOnEveryPaperWorkload) {
+  for (const char* name : kPaper) {
+    const Workload w = load_workload(test::paper_workload(name));
+    EmulatorProfiler prof({w.gpu_name, 0.01, 1, 0, ""});
+    CachedProfiler cp(prof, nullptr);
+    Planner planner(w, cp, PlannerOptions{});
+    const MethodFrontier f = planner.frontier(Method::kKareus);
+    ASSERT_FALSE(f.points.empty()) << name;
+    const EmulatorModel model(w.gpu());
+    for (GoalKind g : {GoalKind::kMaxThroughput, GoalKind::kMinEnergy}) {
+      const auto idx = select_point(f.points, {g, 0});
+      ASSERT_TRUE(idx.has_value());
+      const Plan p = planner.make_plan(f, *idx, "test");
+      const IterationResult r = emulate_iteration(w, model, p.execution, [&](int s, InstructionKind k, int mb) {
+        return p.settings(s, k, mb);
+      });
+      EXPECT_NEAR(r.iteration_time_s / p.iteration_time_s, 1.0, 0.03) << name << " goal " << static_cast<int>(g);
+      EXPECT_NEAR(r.energy_j / p.energy_j, 1.0, 0.03) << name << " goal " << static_cast<int>(g);
+    }
+  }
+}
+
+TEST(Plan, PerseusFrontierMeetsCalibrationEnds) {
+  const std::string csv = std::string(KAREUS_SHARED_DIR) +
+                          "/calibration/a100-sxm4-40gb_llama3.2-3b_tp8_pp2_mbs8_seq4096.csv";
+  if (!std::filesystem::exists(csv)) GTEST_SKIP() << "shared calibration data not found";
+  // Read the perseus rows independently of the library.
+  std::ifstream in(csv);
+  std::string line;
+  std::vector<std::pair<double, double>> rows;
+  while (std::getline(in, line)) {
+    if (line.rfind("perseus,", 0) == 0) {
+      const auto a = line.find(','), b = line.find(',', a + 1);
+      rows.push_back({std::stod(line.substr(a + 1, b - a - 1)), std::stod(line.substr(b + 1))});
+    }
+  }
+  ASSERT_GE(rows.size(), 2u);
+  const Workload w = load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096"));
+  EmulatorProfiler prof({w.gpu_name, 0.01, 1, 0, ""});
+  CachedProfiler cp(prof, nullptr);
+  Planner planner(w, cp, PlannerOptions{});
+  const auto f = planner.frontier(Method::kPerseus);
+  ASSERT_GE(f.points.size(), 2u);
+  // The file's energy is per GPU summed over the 2 stages: the whole job's divided by 8.
+  const auto& fast = f.points.front();
+  const auto& slow = f.points.back();
+  EXPECT_NEAR(fast.time_s / rows.front().first, 1.0, 0.10);
+  EXPECT_NEAR(fast.energy_j / 8 / rows.front().second, 1.0, 0.10);
+  EXPECT_NEAR(slow.time_s / rows.back().first, 1.0, 0.10);
+  EXPECT_NEAR(slow.energy_j / 8 / rows.back().second, 1.0, 0.10);
+}
+
+TEST(Plan, JsonRoundTripAndErrors) {
+  test::TempDir tmp;
+  const std::string wl = test::paper_workload("qwen3-1.7b_tp8_mbs8_seq4096");
+  const std::string db = tmp.file("p.db");
+  const auto r = test::run_cli("plan " + wl + " --max-throughput --quiet --db " + db + " --out " +
+                               tmp.file("fast.json") + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Plan p = load_plan(tmp.file("fast.json"));
+  EXPECT_EQ(p.workload, "qwen3-1.7b_tp8_mbs8_seq4096");
+  EXPECT_EQ(p.stages.size(), 2u);
+  EXPECT_EQ(p.stages[0].instructions.size(), 16u);  // 8 forward + 8 backward
+  EXPECT_EQ(Plan::from_json(p.to_json(), "x").to_json(), p.to_json());
+  // Replay through the CLI agrees with the prediction.
+  const auto e = test::run_cli("emulate " + wl + " --plan " + tmp.file("fast.json") + " --json");
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  const auto j = nlohmann::json::parse(e.out);
+  EXPECT_NEAR(j.at("iteration_time_s").get<double>() / p.iteration_time_s, 1.0, 0.03);
+  EXPECT_NEAR(j.at("energy_j").get<double>() / p.energy_j, 1.0, 0.03);
+  // An infeasible deadline names the feasible range.
+  const auto inf = test::run_cli("plan " + wl + " --deadline 0.001 --quiet --db " + db + " --out " +
+                                 tmp.file("x.json"));
+  EXPECT_EQ(inf.exit_code, 2);
+  EXPECT_NE(inf.err.find("frontier spans iteration times"), std::string::npos) << inf.err;
+  // No goal, two goals.
+  EXPECT_EQ(test::run_cli("plan " + wl + " --quiet --out " + tmp.file("x.json")).exit_code, 2);
+  EXPECT_EQ(test::run_cli("plan " + wl + " --min-energy --max-throughput --out x.json").exit_code, 2);
+  // A plan replayed on another workload, a damaged plan, a file that is not JSON.
+  const auto other = test::run_cli("emulate " + test::paper_workload("qwen3-1.7b_tp8_mbs16_seq4096") +
+                                   " --plan " + tmp.file("fast.json"));
+  EXPECT_EQ(other.exit_code, 2);
+  EXPECT_NE(other.err.find("was made for workload"), std::string::npos) << other.err;
+  auto broken = p.to_json();
+  broken["stages"][0]["instructions"][0].erase("freq_mhz");
+  std::ofstream(tmp.file("broken.json")) << broken.dump();
+  const auto b = test::run_cli("emulate " + wl + " --plan " + tmp.file("broken.json"));
+  EXPECT_EQ(b.exit_code, 2);
+  EXPECT_NE(b.err.find("broken.json"), std::string::npos);
+  const auto t = test::run_cli("emulate " + wl + " --plan " + tmp.write("text.json", "hello"));
+  EXPECT_EQ(t.exit_code, 2);
+}
+
+TEST(Plan, GoalSelection) {
+  std::vector<FrontierPoint> f = {{1.0, 30, 0, {}}, {2.0, 20, 0, {}}, {3.0, 15, 0, {}}};
+  EXPECT_EQ(*select_point(f, {GoalKind::kDeadline, 2.5}), 1u);
+  EXPECT_EQ(*select_point(f, {GoalKind::kDeadline, 3.0}), 2u);
+  EXPECT_FALSE(select_point(f, {GoalKind::kDeadline, 0.5}).has_value());
+  EXPECT_EQ(*select_point(f, {GoalKind::kEnergyBudget, 25}), 1u);
+  EXPECT_FALSE(select_point(f, {GoalKind::kEnergyBudget, 10}).has_value());
+  EXPECT_EQ(*select_point(f, {GoalKind::kMaxThroughput, 0}), 0u);
+  EXPECT_EQ(*select_point(f, {GoalKind::kMinEnergy, 0}), 2u);
+}
+
+}  // namespace
+}  // namespace kareus
