@@ -6,6 +6,8 @@
 // configuration, so a point is reused only when it is the same measurement.
 #pragma once
 
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -52,7 +54,9 @@ class ProfileStore {
 };
 
 /// A profiler with a store in front: stored points are returned without measuring; new ones are
-/// measured and committed at once. Counts how many of each it served.
+/// measured and committed at once. Points already served in this run are remembered (also
+/// without a store), so a point is measured at most once. `measured` and `reused` count distinct
+/// points.
 class CachedProfiler {
  public:
   CachedProfiler(Profiler& backend, ProfileStore* store) : backend_(backend), store_(store) {}
@@ -66,8 +70,11 @@ class CachedProfiler {
 
  private:
   StoreKey key(const Partition& p, const PartitionConfig& c) const;
+  Measurement serve(const StoreKey& k, const std::function<Measurement()>& measure);
+  static std::string memo_key(const StoreKey& k);
   Profiler& backend_;
   ProfileStore* store_;
+  std::map<std::string, Measurement> memo_;
   int measured_ = 0;
   int reused_ = 0;
 };

@@ -165,12 +165,9 @@ MethodFrontier Planner::frontier(Method m) {
   dag.gpus = w_.cluster.gpus();
 
   std::map<std::pair<int, int>, std::vector<InstructionOption>> opts;
-  std::size_t done = 0;
-  const std::size_t total = static_cast<std::size_t>(2 * pp);
   for (int s = 0; s < pp; ++s) {
     for (InstructionKind k : {InstructionKind::kForward, InstructionKind::kBackward}) {
       opts[{s, static_cast<int>(k)}] = instruction_options(m, s, k);
-      if (progress_) progress_(fmt::format("compose {}", to_string(m)), ++done, total);
     }
   }
   auto add_node = [&](int stage, const std::string& instr, int mb, std::vector<DagOption> o,
@@ -228,6 +225,7 @@ MethodFrontier Planner::frontier(Method m) {
   FrontierOptions fo;
   fo.unit_s = o_.unit_s;
   mf.points = solve_frontier(dag, fo, &mf.stats);
+  if (progress_) progress_(fmt::format("frontier {}", to_string(m)), 1, 1);
   return mf;
 }
 

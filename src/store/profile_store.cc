@@ -225,37 +225,38 @@ StoreKey CachedProfiler::key(const Partition& p, const PartitionConfig& c) const
           c.slot};
 }
 
-bool CachedProfiler::stored(const Partition& p, const PartitionConfig& c) const {
-  return store_ && store_->find(key(p, c)).has_value();
+std::string CachedProfiler::memo_key(const StoreKey& k) {
+  return fmt::format("{}|{}|{}|{}|{}", k.signature, k.label, k.freq_mhz, k.sms, k.slot);
 }
 
-Measurement CachedProfiler::measure(const Partition& p, const PartitionConfig& c) {
+bool CachedProfiler::stored(const Partition& p, const PartitionConfig& c) const {
   const StoreKey k = key(p, c);
+  return memo_.count(memo_key(k)) || (store_ && store_->find(k).has_value());
+}
+
+Measurement CachedProfiler::serve(const StoreKey& k, const std::function<Measurement()>& measure) {
+  const std::string mk = memo_key(k);
+  if (auto it = memo_.find(mk); it != memo_.end()) return it->second;
   if (store_) {
     if (auto m = store_->find(k)) {
       ++reused_;
-      return *m;
+      return memo_.emplace(mk, *m).first->second;
     }
   }
-  const Measurement m = backend_.measure(p, c);
+  const Measurement m = measure();
   if (store_) store_->put(k, m);
   ++measured_;
-  return m;
+  return memo_.emplace(mk, m).first->second;
+}
+
+Measurement CachedProfiler::measure(const Partition& p, const PartitionConfig& c) {
+  return serve(key(p, c), [&] { return backend_.measure(p, c); });
 }
 
 Measurement CachedProfiler::measure_segment(const Segment& s, int freq_mhz) {
   const StoreKey k{backend_.gpu().name, backend_.fingerprint(), segment_signature(s), s.name,
                    freq_mhz, 0, "-"};
-  if (store_) {
-    if (auto m = store_->find(k)) {
-      ++reused_;
-      return *m;
-    }
-  }
-  const Measurement m = backend_.measure_segment(s, freq_mhz);
-  if (store_) store_->put(k, m);
-  ++measured_;
-  return m;
+  return serve(k, [&] { return backend_.measure_segment(s, freq_mhz); });
 }
 
 }  // namespace kareus

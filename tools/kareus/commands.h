@@ -16,5 +16,7 @@ void register_profile(CLI::App& app, Action& action);
 void register_search(CLI::App& app, Action& action);
 void register_frontier(CLI::App& app, Action& action);
 void register_plan(CLI::App& app, Action& action);
+void register_optimize(CLI::App& app, Action& action);
+void register_eval(CLI::App& app, Action& action);
 
 }  // namespace kareus::cli

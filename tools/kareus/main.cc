@@ -21,6 +21,8 @@ int main(int argc, char** argv) {
   kareus::cli::register_search(app, action);
   kareus::cli::register_frontier(app, action);
   kareus::cli::register_plan(app, action);
+  kareus::cli::register_optimize(app, action);
+  kareus::cli::register_eval(app, action);
   kareus::cli::register_emulate(app, action);
   kareus::cli::register_calibrate(app, action);
 
