@@ -16,10 +16,13 @@ test: build
 	@ctest --preset release -j $(JOBS)
 
 run: build
-	@$(KAREUS) workload show $(RUN_WORKLOAD)
+	@mkdir -p out
+	@$(KAREUS) optimize $(RUN_WORKLOAD) --out out/$(basename $(notdir $(RUN_WORKLOAD))) --db out/profiles.db
 
 bench: build
 	@build/release/bin/kareus_bench
+	@build/release/bin/frontier_scaling --max-pp 8 --max-mbs 32
+	@build/release/bin/search_efficiency --seeds 5
 
 debug-test: deps
 	@cmake --preset debug >/dev/null

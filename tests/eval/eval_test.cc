@@ -1,0 +1,143 @@
+// End to end: `kareus optimize` writes a report whose numbers equal its JSON, a plot and plans
+// that replay to their predictions; `kareus eval --suite paper` covers all 14 workloads and
+// Kareus's frontier is never worse than Perseus's or Nanobatching+Perseus's.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include <fmt/format.h>
+
+#include "kareus/plan.h"
+#include "test_util.h"
+
+namespace kareus {
+namespace {
+
+// Least energy at or below `deadline` on a frontier given as JSON points.
+double best_energy(const nlohmann::json& pts, double deadline) {
+  double best = 1e300;
+  for (const auto& p : pts) {
+    if (p.at("iteration_time_s").get<double>() <= deadline * (1 + 1e-9)) {
+      best = std::min(best, p.at("energy_j").get<double>());
+    }
+  }
+  return best;
+}
+
+TEST(Optimize, ReportMatchesJsonPlotAndPlans) {
+  test::TempDir tmp;
+  const std::string wl = test::paper_workload("qwen3-1.7b_tp8_mbs8_seq4096");
+  const std::string out = tmp.file("out");
+  const auto r = test::run_cli("optimize " + wl + " --out " + out + " --quiet");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("Kareus"), std::string::npos);
+  const auto j = nlohmann::json::parse(test::read_file(out + "/frontier.json"));
+  const std::string report = test::read_file(out + "/report.md");
+  // Every metric in the report's table is the JSON's, to the printed precision.
+  const std::pair<const char*, const char*> rows[] = {
+      {"iso-time energy saving vs Perseus", "iso_time_energy_saving_pct"},
+      {"iso-energy time saving vs Perseus", "iso_energy_time_saving_pct"},
+      {"max-throughput time saving vs Megatron-LM", "max_throughput_time_saving_pct"},
+      {"max-throughput energy saving vs Megatron-LM", "max_throughput_energy_saving_pct"},
+      {"energy increase without frequency scaling", "ablation_no_freq_energy_increase_pct"},
+      {"energy increase without kernel scheduling", "ablation_no_sched_energy_increase_pct"}};
+  for (const auto& [label, key] : rows) {
+    std::smatch m;
+    const std::regex re(std::string("\\| ") + label + " \\| (-?[0-9.]+)%");
+    ASSERT_TRUE(std::regex_search(report, m, re)) << label;
+    EXPECT_NEAR(std::stod(m[1]), j.at(key).get<double>(), 0.005 + 1e-9) << label;
+  }
+  // The replay table's numbers are the JSON's too.
+  for (const auto& rep : j.at("replay")) {
+    const std::string line = fmt::format("| {} | {:.4f} | {:.4f} |", rep.at("plan").get<std::string>(),
+                                         rep.at("predicted_time_s").get<double>(),
+                                         rep.at("emulated_time_s").get<double>());
+    EXPECT_NE(report.find(line), std::string::npos) << line;
+  }
+  // A real PNG with every series in its data.
+  const std::string png = test::read_file(out + "/frontier.png");
+  ASSERT_GT(png.size(), 10000u);
+  EXPECT_EQ(png.substr(1, 3), "PNG");
+  EXPECT_NE(report.find("![time-energy frontiers](frontier.png)"), std::string::npos);
+  for (const char* series : {"kareus", "perseus", "nanobatch_perseus", "kareus_max_clock"}) {
+    EXPECT_FALSE(j.at(series).empty()) << series;
+  }
+  EXPECT_GT(j.at("megatron").at("energy_j").get<double>(), 0);
+  EXPECT_EQ(j.at("points").size(), j.at("kareus").size());
+  // Plans replay to their predictions through the CLI.
+  for (const char* plan : {"max-throughput", "min-energy", "iso-time", "iso-energy"}) {
+    const std::string path = out + "/plans/" + plan + ".json";
+    const Plan p = load_plan(path);
+    const auto e = test::run_cli("emulate " + wl + " --plan " + path + " --json");
+    ASSERT_EQ(e.exit_code, 0) << e.err;
+    const auto ej = nlohmann::json::parse(e.out);
+    EXPECT_NEAR(ej.at("iteration_time_s").get<double>() / p.iteration_time_s, 1.0, 0.03) << plan;
+    EXPECT_NEAR(ej.at("energy_j").get<double>() / p.energy_j, 1.0, 0.03) << plan;
+  }
+}
+
+TEST(Eval, PaperSuite) {
+  test::TempDir tmp;
+  const auto r = test::run_cli("eval --suite paper --jobs 2 --quiet --json " + tmp.file("e.json") +
+                               " --report " + tmp.file("e.md"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(test::read_file(tmp.file("e.json")));
+  ASSERT_EQ(j.size(), 14u);
+  const std::string report = test::read_file(tmp.file("e.md"));
+  for (const auto& w : j) {
+    for (const char* k : {"workload", "iso_time_energy_saving_pct", "iso_energy_time_saving_pct",
+                          "max_throughput_time_saving_pct", "max_throughput_energy_saving_pct",
+                          "ablation_no_freq_energy_increase_pct",
+                          "ablation_no_sched_energy_increase_pct", "fallback", "kareus", "perseus",
+                          "nanobatch_perseus", "megatron"}) {
+      ASSERT_TRUE(w.contains(k)) << k;
+    }
+    const std::string name = w.at("workload");
+    // The report's row carries the JSON's numbers.
+    EXPECT_NE(report.find(fmt::format("| {} | {:.2f} | {:.2f} |", name,
+                                      w.at("iso_time_energy_saving_pct").get<double>(),
+                                      w.at("iso_energy_time_saving_pct").get<double>())),
+              std::string::npos)
+        << name;
+    // Never worse than Perseus or Nanobatching+Perseus at any deadline on the common range.
+    const auto& k = w.at("kareus");
+    for (const char* base : {"perseus", "nanobatch_perseus"}) {
+      const auto& b = w.at(base);
+      double lo = 0, hi = 1e300;
+      for (const auto* f : {&k, &b}) {
+        double fmin = 1e300, fmax = 0;
+        for (const auto& p : *f) {
+          fmin = std::min(fmin, p.at("iteration_time_s").get<double>());
+          fmax = std::max(fmax, p.at("iteration_time_s").get<double>());
+        }
+        lo = std::max(lo, fmin);
+        hi = std::min(hi, fmax);
+      }
+      for (int g = 0; g <= 50 && lo <= hi; ++g) {
+        const double d = lo + (hi - lo) * g / 50.0;
+        EXPECT_LE(best_energy(k, d), best_energy(b, d) * (1 + 1e-9)) << name << " vs " << base << " at " << d;
+      }
+    }
+    // Every reported plan replays within 3%.
+    for (const auto& rep : w.at("replay")) {
+      EXPECT_LT(std::abs(rep.at("time_error").get<double>()), 0.03) << name << " " << rep.at("plan");
+      EXPECT_LT(std::abs(rep.at("energy_error").get<double>()), 0.03) << name << " " << rep.at("plan");
+    }
+  }
+  EXPECT_NE(report.find("paper (up to)"), std::string::npos);
+}
+
+TEST(Eval, BadArguments) {
+  EXPECT_EQ(test::run_cli("eval --suite mine").exit_code, 2);
+  EXPECT_EQ(test::run_cli("eval --jobs 0").exit_code, 2);
+  EXPECT_EQ(test::run_cli("optimize " + test::paper_workload("qwen3-1.7b_tp8_mbs8_seq4096") +
+                          " --out /proc/forbidden/dir --quiet")
+                .exit_code,
+            2);
+}
+
+}  // namespace
+}  // namespace kareus
