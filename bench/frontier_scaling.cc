@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
       w.batch.micro_batches = mbs;
       kareus::validate_workload(w);
       // Larger DAGs take more units to traverse; a coarser unit keeps the table's run short.
-      const double u = unit * std::max(1, pp * mbs / 32);
+      const double u = unit * std::max(1, pp * mbs / 16);
       const auto r = run(w, u);
       fmt::print("| {} | {} | {} | {} | {} | {} | {:.3f} | {:.3f} |\n", pp, mbs, r.dag.nodes.size(),
                  u * 1e3, r.stats.iterations, r.points.size(), r.stats.seconds,

@@ -25,7 +25,7 @@
 
 #include <algorithm>
 #include <boost/graph/compressed_sparse_row_graph.hpp>
-#include <boost/graph/edmonds_karp_max_flow.hpp>
+#include <boost/graph/push_relabel_max_flow.hpp>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -81,16 +81,11 @@ class Flow {
       cap_[at_[k]] = caps_[k];
       rev_[at_[k]] = by_index[at_[k ^ 1]];
     }
-    color_.assign(n, boost::default_color_type());
-    pred_.assign(n, Edge());
     const auto vindex = boost::get(boost::vertex_index, g_);
-    return boost::edmonds_karp_max_flow(
-        g_, s, t,
-        boost::capacity_map(boost::make_iterator_property_map(cap_.begin(), eindex))
-            .residual_capacity_map(boost::make_iterator_property_map(res_.begin(), eindex))
-            .reverse_edge_map(boost::make_iterator_property_map(rev_.begin(), eindex))
-            .color_map(boost::make_iterator_property_map(color_.begin(), vindex))
-            .predecessor_map(boost::make_iterator_property_map(pred_.begin(), vindex)));
+    return boost::push_relabel_max_flow(
+        g_, s, t, boost::make_iterator_property_map(cap_.begin(), eindex),
+        boost::make_iterator_property_map(res_.begin(), eindex),
+        boost::make_iterator_property_map(rev_.begin(), eindex), vindex);
   }
   double flow(std::size_t id) const { return cap_[at_[id]] - res_[at_[id]]; }
   /// Vertices reachable from s through edges with residual capacity (after max_flow).
@@ -118,14 +113,12 @@ class Flow {
   std::vector<double> caps_, cap_, res_;
   std::vector<std::size_t> at_;
   FlowGraph g_;
-  std::vector<Edge> rev_, pred_;
-  std::vector<boost::default_color_type> color_;
+  std::vector<Edge> rev_;
 };
 
 // An activity's quantized options and the convex envelope of its cost.
 struct Activity {
-  std::vector<long> q;          ///< quantized duration of each real option (ascending)
-  std::vector<double> e;        ///< energy of each real option
+  std::vector<long> q;          ///< quantized duration of each real option
   std::vector<long> hull_d;     ///< envelope vertices (ascending durations)
   std::vector<double> hull_e;
   long dmin = 0, dmax = 0;
@@ -139,13 +132,21 @@ struct Activity {
     const double w = static_cast<double>(d - hull_d[j - 1]) / static_cast<double>(hull_d[j] - hull_d[j - 1]);
     return hull_e[j - 1] + w * (hull_e[j] - hull_e[j - 1]);
   }
+  // The options' Pareto staircase: time ascending, energy strictly descending. The cheapest
+  // option within a time budget is then the last staircase step that fits (binary search).
+  std::vector<int> stair;
+  std::vector<long> stair_q;
+  std::vector<double> stair_t;
+
   /// The cheapest real option whose quantized duration fits in d (the fastest if none fits).
   int snap(long d) const {
-    int best = 0;
-    for (std::size_t j = 0; j < q.size(); ++j) {
-      if (q[j] <= d && (q[best] > d || e[j] < e[static_cast<std::size_t>(best)])) best = static_cast<int>(j);
-    }
-    return best;
+    const auto it = std::upper_bound(stair_q.begin(), stair_q.end(), d);
+    return stair[it == stair_q.begin() ? 0 : static_cast<std::size_t>(it - stair_q.begin()) - 1];
+  }
+  /// The cheapest real option that takes at most `budget_s` (-1 if none does).
+  int cheapest_within(double budget_s) const {
+    const auto it = std::upper_bound(stair_t.begin(), stair_t.end(), budget_s);
+    return it == stair_t.begin() ? -1 : stair[static_cast<std::size_t>(it - stair_t.begin()) - 1];
   }
 };
 
@@ -154,9 +155,20 @@ Activity make_activity(const DagNode& n, double unit) {
   // Merge options that quantize to the same duration (keep the cheaper).
   std::vector<std::pair<long, double>> pts;
   for (const auto& o : n.options) pts.push_back({std::lround(o.time_s / unit), o.energy_j});
-  for (const auto& [d, e] : pts) {
-    a.q.push_back(d);
-    a.e.push_back(e);
+  for (const auto& pt : pts) a.q.push_back(pt.first);
+  std::vector<int> order(n.options.size());
+  for (std::size_t j = 0; j < order.size(); ++j) order[j] = static_cast<int>(j);
+  std::sort(order.begin(), order.end(), [&](int x, int y) {
+    const auto& ox = n.options[static_cast<std::size_t>(x)];
+    const auto& oy = n.options[static_cast<std::size_t>(y)];
+    return ox.time_s < oy.time_s || (ox.time_s == oy.time_s && ox.energy_j < oy.energy_j);
+  });
+  for (int j : order) {
+    const auto& o = n.options[static_cast<std::size_t>(j)];
+    if (!a.stair.empty() && o.energy_j >= n.options[static_cast<std::size_t>(a.stair.back())].energy_j) continue;
+    a.stair.push_back(j);
+    a.stair_q.push_back(a.q[static_cast<std::size_t>(j)]);
+    a.stair_t.push_back(o.time_s);
   }
   std::vector<std::pair<long, double>> merged;
   for (const auto& p : pts) {
@@ -280,12 +292,8 @@ std::vector<FrontierPoint> solve_frontier(const IterationDag& dag, const Frontie
       for (int s : succ[i]) lf = std::min(lf, ls[static_cast<std::size_t>(s)]);
       const auto& opts = dag.nodes[i].options;
       int c = choice[i];
-      for (std::size_t j = 0; j < opts.size(); ++j) {
-        if (es[i] + opts[j].time_s <= lf * (1 + 1e-12) &&
-            opts[j].energy_j < opts[static_cast<std::size_t>(c)].energy_j) {
-          c = static_cast<int>(j);
-        }
-      }
+      const int j = act[i].cheapest_within(lf * (1 + 1e-12) - es[i]);
+      if (j >= 0 && opts[static_cast<std::size_t>(j)].energy_j < opts[static_cast<std::size_t>(c)].energy_j) c = j;
       choice[i] = c;
       ls[i] = lf - opts[static_cast<std::size_t>(c)].time_s;
     }
