@@ -1,5 +1,6 @@
 // Micro-benchmarks of the Kareus pipeline stages. Results and the machine they ran on are in
-// docs/benchmarks.md; run with `make bench` (or build/release/bin/kareus_bench --benchmark_filter=...).
+// docs/benchmarks.md; run with `make bench` (or build/release/bin/kareus_bench
+// --benchmark_filter=...).
 #include <benchmark/benchmark.h>
 
 #include "kareus/emulator.h"

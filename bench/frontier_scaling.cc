@@ -17,9 +17,12 @@ int main(int argc, char** argv) {
   double unit = 1e-3;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--max-pp" && i + 1 < argc) max_pp = std::stoi(argv[++i]);
-    else if (a == "--max-mbs" && i + 1 < argc) max_mbs = std::stoi(argv[++i]);
-    else if (a == "--unit" && i + 1 < argc) unit = std::stod(argv[++i]);
+    if (a == "--max-pp" && i + 1 < argc)
+      max_pp = std::stoi(argv[++i]);
+    else if (a == "--max-mbs" && i + 1 < argc)
+      max_mbs = std::stoi(argv[++i]);
+    else if (a == "--unit" && i + 1 < argc)
+      unit = std::stod(argv[++i]);
     else {
       fmt::print(stderr, "usage: frontier_scaling [--max-pp N] [--max-mbs N] [--unit S]\n");
       return 2;
@@ -27,7 +30,8 @@ int main(int argc, char** argv) {
   }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // rows appear as they finish
   const std::string root = KAREUS_SOURCE_DIR;
-  const std::string db = (std::filesystem::temp_directory_path() / "kareus-frontier-bench.db").string();
+  const std::string db =
+      (std::filesystem::temp_directory_path() / "kareus-frontier-bench.db").string();
   std::filesystem::remove(db);
   kareus::ProfileStore store(db);
   auto run = [&](const kareus::Workload& w, double u) {
@@ -38,15 +42,19 @@ int main(int argc, char** argv) {
     kareus::Planner planner(w, cp, o);
     return planner.frontier(kareus::Method::kKareus);
   };
-  const auto w70 = kareus::load_workload(root + "/workloads/paper/llama3.3-70b_tp8_mbs4_seq4096.yaml");
+  const auto w70 =
+      kareus::load_workload(root + "/workloads/paper/llama3.3-70b_tp8_mbs4_seq4096.yaml");
   const auto f = run(w70, 1e-3);
   std::size_t options = 0;
   for (const auto& n : f.dag.nodes) options += n.options.size();
-  fmt::print("llama3.3-70b_tp8_mbs4_seq4096, 18 clocks, unit 1 ms: {} DAG nodes, {} options, "
-             "{} solver iterations, {} frontier points, {:.3f} s\n\n",
-             f.dag.nodes.size(), options, f.stats.iterations, f.points.size(), f.stats.seconds);
+  fmt::print(
+      "llama3.3-70b_tp8_mbs4_seq4096, 18 clocks, unit 1 ms: {} DAG nodes, {} options, "
+      "{} solver iterations, {} frontier points, {:.3f} s\n\n",
+      f.dag.nodes.size(), options, f.stats.iterations, f.points.size(), f.stats.seconds);
 
-  fmt::print("| pp | micro-batches | DAG nodes | unit (ms) | iterations | frontier points | solver s | ms / iteration |\n");
+  fmt::print(
+      "| pp | micro-batches | DAG nodes | unit (ms) | iterations | frontier points | solver s | ms "
+      "/ iteration |\n");
   fmt::print("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (int pp = 2; pp <= max_pp; pp *= 2) {
     for (int mbs = 8; mbs <= max_mbs; mbs *= 2) {

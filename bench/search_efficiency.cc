@@ -55,14 +55,21 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (a == "--seeds") seeds = std::stoi(next());
-    else if (a == "--threads") threads = std::stoi(next());
-    else if (a == "--filter") filter = next();
-    else if (a == "--json") json_path = next();
-    else if (a == "--initial-design") base.initial_design = next();
-    else if (a == "--initial-points") base.initial_points = std::stoi(next());
+    if (a == "--seeds")
+      seeds = std::stoi(next());
+    else if (a == "--threads")
+      threads = std::stoi(next());
+    else if (a == "--filter")
+      filter = next();
+    else if (a == "--json")
+      json_path = next();
+    else if (a == "--initial-design")
+      base.initial_design = next();
+    else if (a == "--initial-points")
+      base.initial_points = std::stoi(next());
     else {
-      fmt::print(stderr, "usage: search_efficiency [--seeds N] [--threads N] [--filter S] [--json F]\n");
+      fmt::print(stderr,
+                 "usage: search_efficiency [--seeds N] [--threads N] [--filter S] [--json F]\n");
       return 2;
     }
   }
@@ -70,8 +77,8 @@ int main(int argc, char** argv) {
   std::vector<Job> jobs;
   std::map<std::string, bool> seen;
   std::vector<std::string> files;
-  for (const auto& e : std::filesystem::directory_iterator(std::string(KAREUS_SOURCE_DIR) +
-                                                           "/workloads/paper")) {
+  for (const auto& e :
+       std::filesystem::directory_iterator(std::string(KAREUS_SOURCE_DIR) + "/workloads/paper")) {
     files.push_back(e.path().string());
   }
   std::sort(files.begin(), files.end());
@@ -103,7 +110,8 @@ int main(int argc, char** argv) {
       kareus::CachedProfiler cp(prof, nullptr);
       const auto space = kareus::make_search_space(job.partition, prof.gpu());
       kareus::SearchOptions o = base;
-      const auto ex = kareus::create_search_strategy("exhaustive")->run(job.partition, space, cp, o, {});
+      const auto ex =
+          kareus::create_search_strategy("exhaustive")->run(job.partition, space, cp, o, {});
       kareus::Point2 lo{1e300, 1e300}, hi{-1e300, -1e300};
       std::vector<kareus::Point2> all;
       for (const auto& p : ex.points) {
@@ -125,24 +133,27 @@ int main(int argc, char** argv) {
             std::vector<kareus::Point2> pts;
             for (const auto& p : res.points) pts.push_back({p.m.time_s, p.m.energy_j});
             r.by[strat][b].frac.push_back(kareus::normalized_hypervolume(pts, lo, hi) / hv_ex);
-            if (std::string(strat) == "mbo" && b == 224) r.surrogate_s_224.push_back(res.surrogate_seconds);
+            if (std::string(strat) == "mbo" && b == 224)
+              r.surrogate_s_224.push_back(res.surrogate_seconds);
           }
         }
       }
       std::lock_guard<std::mutex> lock(print_mu);
-      fmt::print(stderr, "[{}/{}] {} mbo@224 mean {:.4f} worst {:.4f}, random@224 {:.4f}\n",
-                 ++done, jobs.size(), r.label, r.by["mbo"][224].mean(), r.by["mbo"][224].worst(),
+      fmt::print(stderr, "[{}/{}] {} mbo@224 mean {:.4f} worst {:.4f}, random@224 {:.4f}\n", ++done,
+                 jobs.size(), r.label, r.by["mbo"][224].mean(), r.by["mbo"][224].worst(),
                  r.by["random"][224].mean());
     }
   };
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) pool.emplace_back(worker);
   for (auto& t : pool) t.join();
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   // Summary: per budget, over partitions: mean of means, worst partition mean, worst single run.
-  fmt::print("| strategy | budget | mean HV fraction (all partitions, seeds) | lowest partition mean | "
-             "worst single run |\n| --- | --- | --- | --- | --- |\n");
+  fmt::print(
+      "| strategy | budget | mean HV fraction (all partitions, seeds) | lowest partition mean | "
+      "worst single run |\n| --- | --- | --- | --- | --- |\n");
   nlohmann::json j;
   for (const char* strat : {"mbo", "random"}) {
     for (int b : budgets) {
@@ -154,8 +165,8 @@ int main(int argc, char** argv) {
       }
       const double mean = sum / static_cast<double>(results.size());
       fmt::print("| {} | {} | {:.4f} | {:.4f} | {:.4f} |\n", strat, b, mean, low_mean, worst);
-      j["summary"][strat][std::to_string(b)] = {{"mean", mean}, {"lowest_partition_mean", low_mean},
-                                                {"worst_run", worst}};
+      j["summary"][strat][std::to_string(b)] = {
+          {"mean", mean}, {"lowest_partition_mean", low_mean}, {"worst_run", worst}};
     }
   }
   double smax = 0, ssum = 0;
@@ -167,9 +178,10 @@ int main(int argc, char** argv) {
       ++sn;
     }
   }
-  fmt::print("\nsurrogate overhead of one 224-point mbo search: mean {:.3f} s, max {:.3f} s "
-             "({} searches)\n",
-             ssum / static_cast<double>(sn), smax, sn);
+  fmt::print(
+      "\nsurrogate overhead of one 224-point mbo search: mean {:.3f} s, max {:.3f} s "
+      "({} searches)\n",
+      ssum / static_cast<double>(sn), smax, sn);
   fmt::print("partitions below target at 224 (mean < 0.99 or worst < 0.98):");
   int below = 0;
   for (auto& r : results) {
@@ -183,7 +195,8 @@ int main(int argc, char** argv) {
     for (auto& r : results) {
       nlohmann::json pj = {{"partition", r.label}, {"space", r.space}};
       for (auto& [s, m] : r.by) {
-        for (auto& [b, st] : m) pj[s][std::to_string(b)] = {{"mean", st.mean()}, {"worst", st.worst()}};
+        for (auto& [b, st] : m)
+          pj[s][std::to_string(b)] = {{"mean", st.mean()}, {"worst", st.worst()}};
       }
       j["partitions"].push_back(pj);
     }

@@ -15,7 +15,7 @@ struct CalibrationTarget {
   std::string schedule;  ///< megatron or nanobatch
   int freq_mhz = 0;
   double time_s = 0;
-  double energy_j = 0;   ///< per GPU, summed over stages, static included
+  double energy_j = 0;  ///< per GPU, summed over stages, static included
 };
 
 /// Reads the calibration CSV (method,iter_time_s,energy_j) and maps its rows to targets: the
@@ -28,7 +28,7 @@ struct Residual {
   CalibrationTarget target;
   double time_s = 0;
   double energy_j = 0;
-  double time_error = 0;    ///< relative: predicted / measured - 1
+  double time_error = 0;  ///< relative: predicted / measured - 1
   double energy_error = 0;
 };
 
@@ -39,7 +39,7 @@ struct CalibrationResult {
   EmulatorParams params;
   std::vector<std::string> fitted;  ///< names of the fitted parameters
   std::vector<Residual> residuals;
-  double rms_error = 0;             ///< over all times and energies
+  double rms_error = 0;  ///< over all times and energies
   int evaluations = 0;
 };
 

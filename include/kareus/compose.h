@@ -33,8 +33,8 @@ using SegmentCostFn = std::function<PartitionOption(const Segment&, int freq_mhz
 /// One way to run an instruction: its clock and every partition's configuration.
 struct InstructionOption {
   int freq_mhz = 0;
-  double time_s = 0;            ///< one micro-batch, one GPU
-  double dynamic_energy_j = 0;  ///< one micro-batch, one GPU
+  double time_s = 0;                                  ///< one micro-batch, one GPU
+  double dynamic_energy_j = 0;                        ///< one micro-batch, one GPU
   std::map<std::string, PartitionConfig> partitions;  ///< by key (empty when sequential)
 };
 
@@ -44,11 +44,10 @@ struct ComposeOptions {
 
 /// Pareto set of InstructionOptions of one instruction. `fronts` holds every partition of the
 /// instruction (by key); a clock at which some partition has no option is skipped.
-std::vector<InstructionOption> compose_instruction(const PartitionSet& ps, int stage,
-                                                   InstructionKind kind,
-                                                   const std::map<std::string, PartitionFronts>& fronts,
-                                                   const SegmentCostFn& segment_cost,
-                                                   const ComposeOptions& o);
+std::vector<InstructionOption> compose_instruction(
+    const PartitionSet& ps, int stage, InstructionKind kind,
+    const std::map<std::string, PartitionFronts>& fronts, const SegmentCostFn& segment_cost,
+    const ComposeOptions& o);
 
 /// Keeps the Pareto set on (time, dynamic energy), sorted by time ascending.
 std::vector<InstructionOption> pareto_filter(std::vector<InstructionOption> options);

@@ -20,32 +20,32 @@ struct EmulatorParams {
   // Compute. Efficiencies are fractions of the bf16 tensor peak at the running clock,
   // multiplied by `achieved_fraction` (fitted: how far a real training step is from
   // best-case microbenchmarks).
-  double gemm_best_efficiency = 0.87;   ///< cuBLAS best shape, A100: 271/312 TFLOP/s
+  double gemm_best_efficiency = 0.87;      ///< cuBLAS best shape, A100: 271/312 TFLOP/s
   double attn_fwd_best_efficiency = 0.73;  ///< FlashAttention-2 forward on A100
   double attn_bwd_best_efficiency = 0.58;  ///< FlashAttention-2 backward on A100
-  double achieved_fraction = 0.678951;  ///< fitted
-  double gemm_tile_m = 128;             ///< CTA tile for wave quantization
+  double achieved_fraction = 0.678951;     ///< fitted
+  double gemm_tile_m = 128;                ///< CTA tile for wave quantization
   double gemm_tile_n = 256;
-  double gemm_k_half = 64;              ///< K at which the main loop reaches half efficiency
-  double attn_tile_q = 128;             ///< query rows per CTA
-  double cuda_core_fraction = 1.0 / 16; ///< non-tensor FLOP rate as a fraction of bf16 peak
+  double gemm_k_half = 64;               ///< K at which the main loop reaches half efficiency
+  double attn_tile_q = 128;              ///< query rows per CTA
+  double cuda_core_fraction = 1.0 / 16;  ///< non-tensor FLOP rate as a fraction of bf16 peak
   double launch_overhead_s = 4e-6;
   // Memory.
-  double hbm_efficiency = 0.89;         ///< achievable fraction of peak HBM bandwidth
-  double hbm_clock_sensitivity = 0.15;  ///< bandwidth loss at zero SM clock (linear in f)
+  double hbm_efficiency = 0.89;             ///< achievable fraction of peak HBM bandwidth
+  double hbm_clock_sensitivity = 0.15;      ///< bandwidth loss at zero SM clock (linear in f)
   double hbm_saturation_sm_fraction = 0.5;  ///< SM share needed to saturate HBM
   // Collectives.
-  double nccl_sms_to_saturate = 16;     ///< CTAs at which a ring reaches the link bandwidth
+  double nccl_sms_to_saturate = 16;  ///< CTAs at which a ring reaches the link bandwidth
   double collective_latency_s = 15e-6;
-  double collective_hbm_factor = 3.0;   ///< HBM bytes moved per wire byte (read, write, reduce)
+  double collective_hbm_factor = 3.0;  ///< HBM bytes moved per wire byte (read, write, reduce)
   double internode_efficiency = 0.9;
-  double overlap_slowdown = 0.0;        ///< fitted: extra compute slowdown while a collective runs
+  double overlap_slowdown = 0.0;  ///< fitted: extra compute slowdown while a collective runs
   // Power.
-  double sm_power_w = 244.495;          ///< fitted: all SMs fully active at max clock and voltage
-  double voltage_ratio = 1.25956;       ///< fitted: V(f_max) / V_floor
-  double voltage_knee_mhz = 1080;       ///< voltage floor below this clock (A100: 0.71 V)
-  double idle_activity = 0.3;           ///< SM activity of a resident but stalled kernel
-  double collective_activity = 0.25;    ///< SM activity of a copy/reduce CTA
+  double sm_power_w = 244.495;        ///< fitted: all SMs fully active at max clock and voltage
+  double voltage_ratio = 1.25956;     ///< fitted: V(f_max) / V_floor
+  double voltage_knee_mhz = 1080;     ///< voltage floor below this clock (A100: 0.71 V)
+  double idle_activity = 0.3;         ///< SM activity of a resident but stalled kernel
+  double collective_activity = 0.25;  ///< SM activity of a copy/reduce CTA
   double hbm_pj_per_bit = 7.0;
   double link_pj_per_bit = 8.0;
 
@@ -131,7 +131,7 @@ using SettingsFn = std::function<InstructionSettings(int stage, InstructionKind 
 
 struct StageResult {
   int stage = 0;
-  double energy_j_per_gpu = 0;       ///< static included
+  double energy_j_per_gpu = 0;  ///< static included
   double dynamic_energy_j_per_gpu = 0;
   double busy_time_s = 0;
 };

@@ -44,7 +44,7 @@ struct WorkloadEvaluation {
   std::vector<FrontierSummaryPoint> kareus_max_clock;
   FrontierSummaryPoint megatron;
   FrontierSummaryPoint nanobatch;
-  bool fallback = false;          ///< some Kareus operating point is a baseline's plan
+  bool fallback = false;  ///< some Kareus operating point is a baseline's plan
   std::string fallback_note;
   // Metrics (percent).
   double iso_time_energy_saving_pct = 0;
@@ -58,7 +58,7 @@ struct WorkloadEvaluation {
   std::map<std::string, Plan> plans;  ///< max-throughput, min-energy, iso-time, iso-energy
   std::vector<ReplayCheck> replays;
   nlohmann::json frontier_plans;  ///< every Kareus frontier point with its plan (if collected)
-  double seconds = 0;  ///< wall time of the evaluation
+  double seconds = 0;             ///< wall time of the evaluation
 };
 
 /// Runs the whole pipeline and every baseline for one workload.

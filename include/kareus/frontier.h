@@ -41,9 +41,9 @@ struct IterationDag {
 
 struct FrontierPoint {
   double time_s = 0;
-  double energy_j = 0;          ///< total: dynamic + static
+  double energy_j = 0;  ///< total: dynamic + static
   double dynamic_energy_j = 0;
-  std::vector<int> choice;      ///< option index per node
+  std::vector<int> choice;  ///< option index per node
 };
 
 struct FrontierOptions {

@@ -8,26 +8,26 @@
 namespace kareus {
 
 struct GpuSpec {
-  std::string name;            ///< catalogue key, e.g. "a100-sxm4-40gb"
-  std::string display_name;    ///< e.g. "NVIDIA A100 SXM4 40GB"
+  std::string name;          ///< catalogue key, e.g. "a100-sxm4-40gb"
+  std::string display_name;  ///< e.g. "NVIDIA A100 SXM4 40GB"
   int sm_count = 0;
-  int min_freq_mhz = 0;        ///< lowest supported SM clock
-  int max_freq_mhz = 0;        ///< highest supported SM clock
-  int freq_step_mhz = 0;       ///< granularity of supported SM clocks
-  int search_min_freq_mhz = 0; ///< default search range (Kareus artifact defaults)
+  int min_freq_mhz = 0;         ///< lowest supported SM clock
+  int max_freq_mhz = 0;         ///< highest supported SM clock
+  int freq_step_mhz = 0;        ///< granularity of supported SM clocks
+  int search_min_freq_mhz = 0;  ///< default search range (Kareus artifact defaults)
   int search_max_freq_mhz = 0;
   int search_step_mhz = 0;
-  double bf16_peak_tflops = 0; ///< dense bf16 tensor-core peak at max_freq_mhz
+  double bf16_peak_tflops = 0;  ///< dense bf16 tensor-core peak at max_freq_mhz
   double hbm_bandwidth_gbs = 0;
   double nvlink_bandwidth_gbs = 0;     ///< total bidirectional NVLink bandwidth per GPU
   double internode_bandwidth_gbs = 0;  ///< per-GPU network bandwidth (one NIC per GPU)
   double nccl_ring_busbw_gbs = 0;      ///< achievable NCCL ring bus bandwidth inside a node
   int nccl_default_channels = 0;       ///< NCCL's default CTA count for intra-node collectives
   double tdp_w = 0;
-  double power_limit_w = 0;    ///< default board power limit
-  double static_power_w = 0;   ///< power while blocked in a P2P receive (Kareus/Perseus)
+  double power_limit_w = 0;             ///< default board power limit
+  double static_power_w = 0;            ///< power while blocked in a P2P receive (Kareus/Perseus)
   bool static_power_estimated = false;  ///< true where no measured figure is published
-  double idle_power_w = 0;     ///< idle at the lowest clock
+  double idle_power_w = 0;              ///< idle at the lowest clock
 
   /// Every supported SM clock, ascending.
   std::vector<int> supported_freqs_mhz() const;

@@ -59,7 +59,7 @@ struct Slot {
 
 /// Contiguous compute of one nano-batch between two collectives, and the collective after it.
 struct Block {
-  std::string name;       ///< "attn", "mlp" (TP); "qkv", "ao", "o", "a" (CP); ...
+  std::string name;  ///< "attn", "mlp" (TP); "qkv", "ao", "o", "a" (CP); ...
   InstructionKind direction = InstructionKind::kForward;  ///< recomputed blocks are kForward
   bool recompute = false;
   std::vector<Kernel> ops;

@@ -23,7 +23,7 @@ struct PartitionOccurrence {
 };
 
 struct Partition {
-  std::string key;                ///< e.g. "fwd_attn", "bwd_qkv_rs"
+  std::string key;  ///< e.g. "fwd_attn", "bwd_qkv_rs"
   InstructionKind direction = InstructionKind::kForward;
   std::vector<Kernel> compute_ops;  ///< one nano-batch's compute, in order
   std::vector<Slot> slots;          ///< launch points of `collective` among compute_ops
@@ -62,7 +62,7 @@ struct PartitionSet {
   std::vector<Partition> partitions;  ///< distinct partitions, in first-seen order
   std::vector<Segment> segments;
   std::vector<InstructionSteps> instructions;  ///< stage-major: (0,fwd), (0,bwd), (1,fwd), ...
-  std::vector<int> iteration_segments;          ///< per-iteration segments (DP, tied embedding)
+  std::vector<int> iteration_segments;         ///< per-iteration segments (DP, tied embedding)
 
   const Partition& partition(const std::string& key) const;  ///< throws InvalidInput
   const InstructionSteps& instruction(int stage, InstructionKind kind) const;

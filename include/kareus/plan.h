@@ -20,8 +20,8 @@ struct PlanInstruction {
   InstructionKind kind = InstructionKind::kForward;
   int microbatch = 0;
   int freq_mhz = 0;
-  double time_s = 0;            ///< predicted, one GPU
-  double dynamic_energy_j = 0;  ///< predicted, one GPU
+  double time_s = 0;                                  ///< predicted, one GPU
+  double dynamic_energy_j = 0;                        ///< predicted, one GPU
   std::map<std::string, PartitionConfig> partitions;  ///< by key; freq_mhz = the instruction's
 };
 
@@ -32,15 +32,15 @@ struct PlanStage {
 
 struct Plan {
   static constexpr int kVersion = 1;
-  std::string workload;        ///< workload name
-  std::string workload_digest; ///< partition signatures: a plan only runs on its workload
+  std::string workload;         ///< workload name
+  std::string workload_digest;  ///< partition signatures: a plan only runs on its workload
   std::string gpu;
   int gpus = 0;
-  std::string method;          ///< kareus, perseus, nanobatch_perseus, ...
+  std::string method;  ///< kareus, perseus, nanobatch_perseus, ...
   ExecutionMode execution = ExecutionMode::kOverlapped;
-  std::string goal;            ///< e.g. "deadline 5.0 s", "max-throughput"
+  std::string goal;  ///< e.g. "deadline 5.0 s", "max-throughput"
   double iteration_time_s = 0;
-  double energy_j = 0;         ///< whole job, one iteration
+  double energy_j = 0;  ///< whole job, one iteration
   double static_power_w = 0;
   std::vector<PlanStage> stages;
 

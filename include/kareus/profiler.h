@@ -34,11 +34,11 @@ struct Measurement {
 };
 
 struct ProfilerOptions {
-  std::string gpu;             ///< catalogue name (from the workload)
-  double noise = 0.01;         ///< emulator: multiplicative measurement noise (std. dev.)
-  std::uint64_t seed = 1;      ///< emulator: noise seed
-  int delay_ms = 0;            ///< emulator: wall time each measurement takes
-  std::string trace_path;      ///< trace: CSV file
+  std::string gpu;         ///< catalogue name (from the workload)
+  double noise = 0.01;     ///< emulator: multiplicative measurement noise (std. dev.)
+  std::uint64_t seed = 1;  ///< emulator: noise seed
+  int delay_ms = 0;        ///< emulator: wall time each measurement takes
+  std::string trace_path;  ///< trace: CSV file
 };
 
 class Profiler {

@@ -18,18 +18,18 @@
 namespace kareus {
 
 struct SearchOptions {
-  int budget = 224;             ///< measurements; a budget >= the space size measures it all
+  int budget = 224;  ///< measurements; a budget >= the space size measures it all
   std::uint64_t seed = 1;
   // mbo. Defaults follow the artifact: 96 random points, then 4 batches of 32.
-  int initial_points = 96;      ///< scaled by budget/224 when the budget is smaller
-  int batch_size = 32;          ///< scaled like initial_points (at least 8)
-  double share_hvi_total = 0.4;    ///< HVI on (time, total energy)
-  double share_hvi_dynamic = 0.2;  ///< HVI on (time, dynamic energy)
-  double share_fastest = 0.2;      ///< lowest predicted time
-  double share_uncertain = 0.2;    ///< highest ensemble uncertainty
+  int initial_points = 96;                ///< scaled by budget/224 when the budget is smaller
+  int batch_size = 32;                    ///< scaled like initial_points (at least 8)
+  double share_hvi_total = 0.4;           ///< HVI on (time, total energy)
+  double share_hvi_dynamic = 0.2;         ///< HVI on (time, dynamic energy)
+  double share_fastest = 0.2;             ///< lowest predicted time
+  double share_uncertain = 0.2;           ///< highest ensemble uncertainty
   std::string initial_design = "random";  ///< random or lhs (Latin hypercube over the knobs)
-  double stop_threshold = 0;    ///< stop when a batch raises the measured hypervolume by less
-                                ///< than this fraction (0: never stop early)
+  double stop_threshold = 0;  ///< stop when a batch raises the measured hypervolume by less
+                              ///< than this fraction (0: never stop early)
   EnsembleParams ensemble;
 };
 

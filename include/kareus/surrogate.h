@@ -18,12 +18,12 @@ struct Matrix {
 };
 
 struct XgbParams {
-  int max_depth = 6;               ///< artifact settings (brief section 5)
+  int max_depth = 6;  ///< artifact settings (brief section 5)
   double eta = 0.3;
   double subsample = 0.8;
   double colsample_bytree = 0.8;
   int rounds = 100;
-  int nthread = 1;                 ///< one thread: deterministic, and searches can run in parallel
+  int nthread = 1;  ///< one thread: deterministic, and searches can run in parallel
   std::uint64_t seed = 0;
 };
 

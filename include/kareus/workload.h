@@ -39,10 +39,10 @@ struct ParallelConfig {
 };
 
 struct BatchConfig {
-  int micro_batch = 1;     ///< sequences per micro-batch
+  int micro_batch = 1;  ///< sequences per micro-batch
   int seq_len = 0;
-  int micro_batches = 1;   ///< micro-batches per iteration (per data-parallel replica)
-  int nano_batches = 2;    ///< 1 disables nano-batching; 2 is the Kareus execution model
+  int micro_batches = 1;  ///< micro-batches per iteration (per data-parallel replica)
+  int nano_batches = 2;   ///< 1 disables nano-batching; 2 is the Kareus execution model
 };
 
 enum class Recompute { kNone, kFull };

@@ -55,9 +55,8 @@ void Progress::draw(bool final) {
   const double frac = total_ ? static_cast<double>(done_) / static_cast<double>(total_) : 1.0;
   const int width = 30;
   const int fill = static_cast<int>(frac * width);
-  const double eta = done_ ? elapsed / static_cast<double>(done_) *
-                                 static_cast<double>(total_ - done_)
-                           : NAN;
+  const double eta =
+      done_ ? elapsed / static_cast<double>(done_) * static_cast<double>(total_ - done_) : NAN;
   const std::string bar = std::string(static_cast<std::size_t>(fill), '#') +
                           std::string(static_cast<std::size_t>(width - fill), '-');
   const std::string line =

@@ -26,8 +26,8 @@ std::vector<CalibrationTarget> read_calibration_targets(const std::string& csv_p
     if (line.empty() || line[0] == '#') continue;
     if (!header) {
       if (line.rfind("method,iter_time_s,energy_j", 0) != 0) {
-        throw InvalidInput(fmt::format("{}:{}: expected header method,iter_time_s,energy_j",
-                                       csv_path, lineno));
+        throw InvalidInput(
+            fmt::format("{}:{}: expected header method,iter_time_s,energy_j", csv_path, lineno));
       }
       header = true;
       continue;
@@ -42,8 +42,8 @@ std::vector<CalibrationTarget> read_calibration_targets(const std::string& csv_p
       time_s = std::stod(t);
       energy_j = std::stod(e);
     } catch (const std::exception&) {
-      throw InvalidInput(fmt::format("{}:{}: iter_time_s and energy_j must be numbers", csv_path,
-                                     lineno));
+      throw InvalidInput(
+          fmt::format("{}:{}: iter_time_s and energy_j must be numbers", csv_path, lineno));
     }
     if (method == "perseus") perseus.push_back({time_s, energy_j});
     if (method == "nanobatch_perseus") nano.push_back({time_s, energy_j});
@@ -134,7 +134,7 @@ CalibrationResult calibrate(const Workload& w, const std::vector<CalibrationTarg
         const double old = *v;
         // overlap_slowdown may be 0: search it additively.
         double cand = std::string(k.name) == "overlap_slowdown" ? old + dir * step * 0.5
-                                                                 : old * std::exp(dir * step);
+                                                                : old * std::exp(dir * step);
         cand = std::clamp(cand, k.lo, k.hi);
         if (cand == old) continue;
         *v = cand;

@@ -15,13 +15,14 @@
 //   link energy per bit. V(f) has a floor below a knee clock (A100: ~0.71 V near 1080 MHz).
 //   When the total exceeds the board power limit, the clock drops to the highest supported
 //   clock that fits, as the GPU's power capping does.
+#include "kareus/emulator.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
-#include "kareus/emulator.h"
 #include "kareus/error.h"
 
 namespace kareus {
@@ -64,12 +65,11 @@ std::string EmulatorParams::to_string() const {
 
 struct EmulatorModel::Rates {
   double op_time_s = std::numeric_limits<double>::infinity();  ///< whole op at this rate
-  double coll_bytes_per_s = 0;                                  ///< wire bytes per second
-  double power_w = 0;                                           ///< dynamic power
+  double coll_bytes_per_s = 0;                                 ///< wire bytes per second
+  double power_w = 0;                                          ///< dynamic power
 };
 
-EmulatorModel::EmulatorModel(const GpuSpec& gpu, EmulatorParams params)
-    : gpu_(gpu), p_(params) {
+EmulatorModel::EmulatorModel(const GpuSpec& gpu, EmulatorParams params) : gpu_(gpu), p_(params) {
   clocks_desc_ = gpu_.supported_freqs_mhz();
   std::reverse(clocks_desc_.begin(), clocks_desc_.end());
 }
@@ -160,8 +160,8 @@ EmulatorModel::Rates EmulatorModel::capped_rates(const Kernel* op, int op_sms, c
   const double headroom = gpu_.power_limit_w - gpu_.static_power_w;
   if (r.power_w <= headroom) return r;
   // Power capping: the highest supported clock at or below freq_mhz whose power fits.
-  auto first = std::lower_bound(clocks_desc_.begin(), clocks_desc_.end(), freq_mhz,
-                                std::greater<int>());
+  auto first =
+      std::lower_bound(clocks_desc_.begin(), clocks_desc_.end(), freq_mhz, std::greater<int>());
   std::size_t lo = static_cast<std::size_t>(first - clocks_desc_.begin()), hi = clocks_desc_.size();
   while (lo + 1 < hi) {  // invariant: clocks_desc_[lo] does not fit (or is freq_mhz)
     const std::size_t mid = (lo + hi) / 2;
@@ -190,16 +190,19 @@ SimResult EmulatorModel::simulate_overlap(const std::vector<Kernel>& ops, const 
     if (cs == kWaiting && static_cast<int>(i) >= slot_index) cs = kActive;
     const Kernel* op = i < ops.size() ? &ops[i] : nullptr;
     const bool coll_on = cs == kActive;
-    const Rates r = capped_rates(op, coll_on ? N - sms : N, coll_on ? coll : nullptr, sms, freq_mhz);
+    const Rates r =
+        capped_rates(op, coll_on ? N - sms : N, coll_on ? coll : nullptr, sms, freq_mhz);
     const double dt_op = op ? op_left * r.op_time_s : std::numeric_limits<double>::infinity();
-    const double dt_coll = coll_on && r.coll_bytes_per_s > 0 ? coll_left / r.coll_bytes_per_s
-                                                             : std::numeric_limits<double>::infinity();
+    const double dt_coll = coll_on && r.coll_bytes_per_s > 0
+                               ? coll_left / r.coll_bytes_per_s
+                               : std::numeric_limits<double>::infinity();
     if (!op && !coll_on) {
       cs = kActive;  // slot beyond the last op: launch at the end
       continue;
     }
     if (coll_on && !(r.coll_bytes_per_s > 0)) {
-      throw InvalidInput(fmt::format("collective '{}' needs at least one SM, got {}", coll->name, sms));
+      throw InvalidInput(
+          fmt::format("collective '{}' needs at least one SM, got {}", coll->name, sms));
     }
     const bool op_ends = dt_op <= dt_coll;
     const double dt = op_ends ? dt_op : dt_coll;
@@ -228,8 +231,7 @@ SimResult EmulatorModel::simulate_overlap(const std::vector<Kernel>& ops, const 
   return res;
 }
 
-SimResult EmulatorModel::simulate_partition(const Partition& part,
-                                            const PartitionConfig& c) const {
+SimResult EmulatorModel::simulate_partition(const Partition& part, const PartitionConfig& c) const {
   const Slot& slot = part.slot(c.slot);
   return simulate_overlap(part.compute_ops, &part.collective, slot.op_index, c.sms, c.freq_mhz);
 }

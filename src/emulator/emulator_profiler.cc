@@ -45,7 +45,8 @@ EmulatorProfiler::EmulatorProfiler(const ProfilerOptions& o, EmulatorParams para
     throw InvalidInput(fmt::format("--noise must be in [0, 0.5], got {}", o.noise));
   }
   if (o.delay_ms < 0) {
-    throw InvalidInput(fmt::format("--emulate-profiling-delay-ms must be >= 0, got {}", o.delay_ms));
+    throw InvalidInput(
+        fmt::format("--emulate-profiling-delay-ms must be >= 0, got {}", o.delay_ms));
   }
 }
 

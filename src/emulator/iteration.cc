@@ -41,8 +41,8 @@ InstructionCost emulate_instruction(const PartitionSet& ps, const EmulatorModel&
   for (const auto& step : is.steps) {
     SimResult r;
     if (step.kind == Step::Kind::kSegment) {
-      r = m.simulate_sequence(ps.segments[static_cast<std::size_t>(step.index)].kernels,
-                              s.freq_mhz, default_sms);
+      r = m.simulate_sequence(ps.segments[static_cast<std::size_t>(step.index)].kernels, s.freq_mhz,
+                              default_sms);
     } else {
       if (mode != ExecutionMode::kOverlapped) {
         throw InternalError("sequential schedule reached an overlapped partition");
@@ -139,8 +139,7 @@ IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, Exe
   }
   IterationResult res;
   for (int s = 0; s < pp; ++s) res.iteration_time_s = std::max(res.iteration_time_s, clock[s]);
-  const double gpus_per_stage =
-      static_cast<double>(w.parallel.tp) * w.parallel.cp * w.parallel.dp;
+  const double gpus_per_stage = static_cast<double>(w.parallel.tp) * w.parallel.cp * w.parallel.dp;
   for (int s = 0; s < pp; ++s) {
     StageResult sr;
     sr.stage = s;
@@ -165,8 +164,7 @@ IterationResult emulate_schedule(const Workload& w, const EmulatorModel& m,
     }
     return emulate_iteration(w, m, ExecutionMode::kOverlapped, fn);
   }
-  throw InvalidInput(
-      fmt::format("unknown schedule '{}'; allowed: megatron, nanobatch", schedule));
+  throw InvalidInput(fmt::format("unknown schedule '{}'; allowed: megatron, nanobatch", schedule));
 }
 
 }  // namespace kareus

@@ -32,10 +32,12 @@ double pct(double base, double value) {
 }
 
 // Least energy among points no slower than `deadline` (the fastest point if none is).
-const FrontierSummaryPoint& best_within(const std::vector<FrontierSummaryPoint>& f, double deadline) {
+const FrontierSummaryPoint& best_within(const std::vector<FrontierSummaryPoint>& f,
+                                        double deadline) {
   const FrontierSummaryPoint* best = nullptr;
   for (const auto& p : f) {
-    if (p.iteration_time_s <= deadline * (1 + 1e-9) && (!best || p.energy_j < best->energy_j)) best = &p;
+    if (p.iteration_time_s <= deadline * (1 + 1e-9) && (!best || p.energy_j < best->energy_j))
+      best = &p;
   }
   if (best) return *best;
   return *std::min_element(f.begin(), f.end(), [](const auto& a, const auto& b) {
@@ -106,9 +108,9 @@ WorkloadEvaluation evaluate_workload(const Workload& w, CachedProfiler& profiler
 
   // Metrics.
   e.perseus_fastest = e.perseus.front();
-  e.perseus_min_energy = *std::min_element(e.perseus.begin(), e.perseus.end(), [](const auto& a, const auto& b) {
-    return a.energy_j < b.energy_j;
-  });
+  e.perseus_min_energy =
+      *std::min_element(e.perseus.begin(), e.perseus.end(),
+                        [](const auto& a, const auto& b) { return a.energy_j < b.energy_j; });
   std::size_t iso_t = 0, iso_e = 0, fastest = 0, min_e = 0;
   bool have_iso_t = false, have_iso_e = false;
   for (std::size_t k = 0; k < merged.size(); ++k) {
@@ -143,14 +145,17 @@ WorkloadEvaluation evaluate_workload(const Workload& w, CachedProfiler& profiler
       -pct(e.iso_time_point.energy_j, best_within(e.nanobatch_perseus, deadline).energy_j);
 
   // Plans and their replay through the whole-iteration emulation.
-  const std::pair<const char*, std::size_t> chosen[] = {
-      {"max-throughput", fastest}, {"min-energy", min_e}, {"iso-time", iso_t}, {"iso-energy", iso_e}};
+  const std::pair<const char*, std::size_t> chosen[] = {{"max-throughput", fastest},
+                                                        {"min-energy", min_e},
+                                                        {"iso-time", iso_t},
+                                                        {"iso-energy", iso_e}};
   const EmulatorModel model(w.gpu());
   for (const auto& [name, k] : chosen) {
     const Ref& r = merged[k];
     Plan p = planner.make_plan(f[r.m], r.i, name);
     const IterationResult rep = emulate_iteration(
-        w, model, p.execution, [&p](int s, InstructionKind kind, int mb) { return p.settings(s, kind, mb); });
+        w, model, p.execution,
+        [&p](int s, InstructionKind kind, int mb) { return p.settings(s, kind, mb); });
     e.replays.push_back({name, p.iteration_time_s, rep.iteration_time_s, p.energy_j, rep.energy_j});
     e.plans.emplace(name, std::move(p));
   }
@@ -158,10 +163,11 @@ WorkloadEvaluation evaluate_workload(const Workload& w, CachedProfiler& profiler
     e.frontier_plans = nlohmann::json::array();
     for (std::size_t k = 0; k < merged.size(); ++k) {
       const auto& p = point_of(merged[k]);
-      e.frontier_plans.push_back({{"iteration_time_s", p.time_s},
-                                  {"energy_j", p.energy_j},
-                                  {"method", to_string(merged[k].m)},
-                                  {"plan", planner.make_plan(f[merged[k].m], merged[k].i, "frontier point").to_json()}});
+      e.frontier_plans.push_back(
+          {{"iteration_time_s", p.time_s},
+           {"energy_j", p.energy_j},
+           {"method", to_string(merged[k].m)},
+           {"plan", planner.make_plan(f[merged[k].m], merged[k].i, "frontier point").to_json()}});
     }
   }
   e.measured = planner.measurements();
@@ -174,7 +180,8 @@ WorkloadEvaluation evaluate_workload(const Workload& w, CachedProfiler& profiler
 namespace {
 nlohmann::json points_json(const std::vector<FrontierSummaryPoint>& v) {
   nlohmann::json a = nlohmann::json::array();
-  for (const auto& p : v) a.push_back({{"iteration_time_s", p.iteration_time_s}, {"energy_j", p.energy_j}});
+  for (const auto& p : v)
+    a.push_back({{"iteration_time_s", p.iteration_time_s}, {"energy_j", p.energy_j}});
   return a;
 }
 nlohmann::json point_json(const FrontierSummaryPoint& p) {
@@ -201,8 +208,10 @@ nlohmann::json to_json(const WorkloadEvaluation& e, bool with_plans) {
   j["perseus"] = points_json(e.perseus);
   j["nanobatch_perseus"] = points_json(e.nanobatch_perseus);
   j["kareus_max_clock"] = points_json(e.kareus_max_clock);
-  j["megatron"] = {{"iteration_time_s", e.megatron.iteration_time_s}, {"energy_j", e.megatron.energy_j}};
-  j["nanobatch"] = {{"iteration_time_s", e.nanobatch.iteration_time_s}, {"energy_j", e.nanobatch.energy_j}};
+  j["megatron"] = {{"iteration_time_s", e.megatron.iteration_time_s},
+                   {"energy_j", e.megatron.energy_j}};
+  j["nanobatch"] = {{"iteration_time_s", e.nanobatch.iteration_time_s},
+                    {"energy_j", e.nanobatch.energy_j}};
   j["operating_points"] = {{"perseus_fastest", point_json(e.perseus_fastest)},
                            {"perseus_min_energy", point_json(e.perseus_min_energy)},
                            {"kareus_iso_time", point_json(e.iso_time_point)},
@@ -237,13 +246,15 @@ std::string comparison_table(const WorkloadEvaluation& e) {
   TextTable t({"method", "plan", "iteration time (s)", "energy (kJ)", "time vs Megatron",
                "energy vs Megatron"});
   auto row = [&](const std::string& m, const std::string& plan, const FrontierSummaryPoint& p) {
-    t.add_row({m, plan, fmt::format("{:.3f}", p.iteration_time_s), fmt::format("{:.2f}", p.energy_j / 1e3),
+    t.add_row({m, plan, fmt::format("{:.3f}", p.iteration_time_s),
+               fmt::format("{:.2f}", p.energy_j / 1e3),
                fmt::format("{:+.1f}%", 0.0 - pct(e.megatron.iteration_time_s, p.iteration_time_s)),
                fmt::format("{:+.1f}%", 0.0 - pct(e.megatron.energy_j, p.energy_j))});
   };
   auto fastest = [](const std::vector<FrontierSummaryPoint>& v) { return v.front(); };
   auto cheapest = [](const std::vector<FrontierSummaryPoint>& v) {
-    return *std::min_element(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.energy_j < b.energy_j; });
+    return *std::min_element(v.begin(), v.end(),
+                             [](const auto& a, const auto& b) { return a.energy_j < b.energy_j; });
   };
   row("Megatron-LM", "max clock", e.megatron);
   row("Nanobatching", "max clock", e.nanobatch);
@@ -260,28 +271,41 @@ std::string comparison_table(const WorkloadEvaluation& e) {
 }
 
 std::string metrics_table(const WorkloadEvaluation& e) {
-  std::string s = "| metric | this run | paper (best case, brief section 8) |\n| --- | --- | --- |\n";
-  s += fmt::format("| iso-time energy saving vs Perseus | {:.2f}% | up to {}% |\n", e.iso_time_energy_saving_pct, PaperHeadline::iso_time_energy_saving_pct);
-  s += fmt::format("| iso-energy time saving vs Perseus | {:.2f}% | up to {}% |\n", e.iso_energy_time_saving_pct, PaperHeadline::iso_energy_time_saving_pct);
-  s += fmt::format("| max-throughput time saving vs Megatron-LM | {:.2f}% | up to {}% |\n", e.max_throughput_time_saving_pct, PaperHeadline::max_throughput_time_saving_pct);
-  s += fmt::format("| max-throughput energy saving vs Megatron-LM | {:.2f}% | up to {}% |\n", e.max_throughput_energy_saving_pct, PaperHeadline::max_throughput_energy_saving_pct);
-  s += fmt::format("| energy increase without frequency scaling | {:.2f}% | - |\n", e.ablation_no_freq_energy_increase_pct);
-  s += fmt::format("| energy increase without kernel scheduling | {:.2f}% | {}% |\n", e.ablation_no_sched_energy_increase_pct, PaperHeadline::ablation_no_sched_energy_increase_pct);
+  std::string s =
+      "| metric | this run | paper (best case, brief section 8) |\n| --- | --- | --- |\n";
+  s += fmt::format("| iso-time energy saving vs Perseus | {:.2f}% | up to {}% |\n",
+                   e.iso_time_energy_saving_pct, PaperHeadline::iso_time_energy_saving_pct);
+  s += fmt::format("| iso-energy time saving vs Perseus | {:.2f}% | up to {}% |\n",
+                   e.iso_energy_time_saving_pct, PaperHeadline::iso_energy_time_saving_pct);
+  s += fmt::format("| max-throughput time saving vs Megatron-LM | {:.2f}% | up to {}% |\n",
+                   e.max_throughput_time_saving_pct, PaperHeadline::max_throughput_time_saving_pct);
+  s += fmt::format("| max-throughput energy saving vs Megatron-LM | {:.2f}% | up to {}% |\n",
+                   e.max_throughput_energy_saving_pct,
+                   PaperHeadline::max_throughput_energy_saving_pct);
+  s += fmt::format("| energy increase without frequency scaling | {:.2f}% | - |\n",
+                   e.ablation_no_freq_energy_increase_pct);
+  s += fmt::format("| energy increase without kernel scheduling | {:.2f}% | {}% |\n",
+                   e.ablation_no_sched_energy_increase_pct,
+                   PaperHeadline::ablation_no_sched_energy_increase_pct);
   return s;
 }
 
 std::string workload_report(const WorkloadEvaluation& e, const std::string& png_name) {
   std::string s = fmt::format("# Kareus report: {}\n\n", e.workload);
   s += "All numbers come from Kareus's embedded emulator (docs/emulator.md), not from GPUs. Energy "
-       "is the whole job's (all " + std::to_string(e.gpus) + " GPUs) per training iteration, static "
+       "is the whole job's (all " +
+       std::to_string(e.gpus) +
+       " GPUs) per training iteration, static "
        "energy included. Every method ran through the same composition and frontier solver on the "
        "same measurements.\n\n";
   s += "## Profiling cost\n\n";
-  s += fmt::format("{} configurations profiled ({} measured in this run, {} from the profile store); "
-                   "on real hardware at 5 s + 5 s per point on one node that is {:.1f} GPU-hours.\n\n",
-                   e.measured + e.reused, e.measured, e.reused, e.real_gpu_hours);
+  s += fmt::format(
+      "{} configurations profiled ({} measured in this run, {} from the profile store); "
+      "on real hardware at 5 s + 5 s per point on one node that is {:.1f} GPU-hours.\n\n",
+      e.measured + e.reused, e.measured, e.reused, e.real_gpu_hours);
   s += "| partition | configurations | searched |\n| --- | --- | --- |\n";
-  for (const auto& p : e.searches) s += fmt::format("| {} | {} | {} |\n", p.key, p.space, p.evaluations + p.coverage_points);
+  for (const auto& p : e.searches)
+    s += fmt::format("| {} | {} | {} |\n", p.key, p.space, p.evaluations + p.coverage_points);
   s += "\n## Comparison\n\n```\n" + comparison_table(e) + "```\n\n";
   s += metrics_table(e);
   s += fmt::format("\nfallback: {}{}\n\n", e.fallback ? "yes" : "no",
@@ -289,7 +313,8 @@ std::string workload_report(const WorkloadEvaluation& e, const std::string& png_
   if (!png_name.empty()) s += fmt::format("![time-energy frontiers]({})\n\n", png_name);
   s += "## Plans and their replay\n\nEach plan is replayed by the whole-iteration emulation "
        "(`kareus emulate --plan`), independently of the composition that predicted it.\n\n"
-       "| plan | predicted time (s) | emulated time (s) | error | predicted energy (J) | emulated energy (J) | error |\n"
+       "| plan | predicted time (s) | emulated time (s) | error | predicted energy (J) | emulated "
+       "energy (J) | error |\n"
        "| --- | --- | --- | --- | --- | --- | --- |\n";
   for (const auto& r : e.replays) {
     s += fmt::format("| {} | {:.4f} | {:.4f} | {:+.2f}% | {:.1f} | {:.1f} | {:+.2f}% |\n", r.plan,
@@ -301,32 +326,37 @@ std::string workload_report(const WorkloadEvaluation& e, const std::string& png_
 
 std::string suite_report(const std::vector<WorkloadEvaluation>& all, double seconds) {
   std::string s = "# Kareus evaluation: paper suite\n\n";
-  s += fmt::format("{} workloads on the embedded emulator in {:.0f} s. Savings in percent; iso-time "
-                   "and iso-energy against Perseus, max-throughput against Megatron-LM; ablations "
-                   "are the energy increase at Perseus's fastest iteration time.\n\n",
-                   all.size(), seconds);
-  s += "| workload | iso-time energy saving | iso-energy time saving | max-throughput time saving | max-throughput energy saving | no freq. scaling | no scheduling | fallback |\n";
+  s += fmt::format(
+      "{} workloads on the embedded emulator in {:.0f} s. Savings in percent; iso-time "
+      "and iso-energy against Perseus, max-throughput against Megatron-LM; ablations "
+      "are the energy increase at Perseus's fastest iteration time.\n\n",
+      all.size(), seconds);
+  s += "| workload | iso-time energy saving | iso-energy time saving | max-throughput time saving "
+       "| max-throughput energy saving | no freq. scaling | no scheduling | fallback |\n";
   s += "| --- | --- | --- | --- | --- | --- | --- | --- |\n";
   double sum[6] = {0}, best[6] = {-1e9, -1e9, -1e9, -1e9, -1e9, -1e9};
   for (const auto& e : all) {
-    const double v[6] = {e.iso_time_energy_saving_pct, e.iso_energy_time_saving_pct,
-                         e.max_throughput_time_saving_pct, e.max_throughput_energy_saving_pct,
-                         e.ablation_no_freq_energy_increase_pct, e.ablation_no_sched_energy_increase_pct};
-    s += fmt::format("| {} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {} |\n", e.workload,
-                     v[0], v[1], v[2], v[3], v[4], v[5], e.fallback ? "yes" : "no");
+    const double v[6] = {
+        e.iso_time_energy_saving_pct,           e.iso_energy_time_saving_pct,
+        e.max_throughput_time_saving_pct,       e.max_throughput_energy_saving_pct,
+        e.ablation_no_freq_energy_increase_pct, e.ablation_no_sched_energy_increase_pct};
+    s += fmt::format("| {} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {} |\n",
+                     e.workload, v[0], v[1], v[2], v[3], v[4], v[5], e.fallback ? "yes" : "no");
     for (int k = 0; k < 6; ++k) {
       sum[k] += v[k];
       best[k] = std::max(best[k], v[k]);
     }
   }
   const double n = static_cast<double>(std::max<std::size_t>(1, all.size()));
-  s += fmt::format("| **mean** | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | |\n", sum[0] / n,
-                   sum[1] / n, sum[2] / n, sum[3] / n, sum[4] / n, sum[5] / n);
-  s += fmt::format("| **best** | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | |\n", best[0],
-                   best[1], best[2], best[3], best[4], best[5]);
+  s += fmt::format("| **mean** | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | |\n",
+                   sum[0] / n, sum[1] / n, sum[2] / n, sum[3] / n, sum[4] / n, sum[5] / n);
+  s += fmt::format("| **best** | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | |\n",
+                   best[0], best[1], best[2], best[3], best[4], best[5]);
   s += fmt::format("| paper (up to) | {} | {} | {} | {} | - | {} | |\n\n",
-                   PaperHeadline::iso_time_energy_saving_pct, PaperHeadline::iso_energy_time_saving_pct,
-                   PaperHeadline::max_throughput_time_saving_pct, PaperHeadline::max_throughput_energy_saving_pct,
+                   PaperHeadline::iso_time_energy_saving_pct,
+                   PaperHeadline::iso_energy_time_saving_pct,
+                   PaperHeadline::max_throughput_time_saving_pct,
+                   PaperHeadline::max_throughput_energy_saving_pct,
                    PaperHeadline::ablation_no_sched_energy_increase_pct);
   double worst_replay = 0;
   for (const auto& e : all) {
@@ -334,9 +364,10 @@ std::string suite_report(const std::vector<WorkloadEvaluation>& all, double seco
       worst_replay = std::max({worst_replay, std::abs(r.time_error()), std::abs(r.energy_error())});
     }
   }
-  s += fmt::format("Every reported plan was replayed by the whole-iteration emulation; the largest "
-                   "deviation from its prediction was {:.2f}%.\n",
-                   100 * worst_replay);
+  s += fmt::format(
+      "Every reported plan was replayed by the whole-iteration emulation; the largest "
+      "deviation from its prediction was {:.2f}%.\n",
+      100 * worst_replay);
   return s;
 }
 
@@ -377,7 +408,8 @@ fig.savefig(sys.argv[2], dpi=150)
 
 bool plot_frontiers(const WorkloadEvaluation& e, const std::string& png_path, std::string& error) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::path(png_path).parent_path().empty() ? fs::path(".") : fs::path(png_path).parent_path();
+  const fs::path dir =
+      fs::path(png_path).parent_path().empty() ? fs::path(".") : fs::path(png_path).parent_path();
   const fs::path script = dir / "plot_frontier.py";
   const fs::path data = dir / "frontier_plot_data.json";
   std::ofstream(script) << kPlotScript;

@@ -43,7 +43,8 @@ namespace {
 struct FlowEdge {
   std::size_t id = 0;  ///< insertion order; edge 2k and 2k+1 are each other's reverse
 };
-using FlowGraph = boost::compressed_sparse_row_graph<boost::directedS, boost::no_property, FlowEdge>;
+using FlowGraph =
+    boost::compressed_sparse_row_graph<boost::directedS, boost::no_property, FlowEdge>;
 using Edge = boost::graph_traits<FlowGraph>::edge_descriptor;
 
 constexpr double kInf = 1e12;
@@ -118,8 +119,8 @@ class Flow {
 
 // An activity's quantized options and the convex envelope of its cost.
 struct Activity {
-  std::vector<long> q;          ///< quantized duration of each real option
-  std::vector<long> hull_d;     ///< envelope vertices (ascending durations)
+  std::vector<long> q;       ///< quantized duration of each real option
+  std::vector<long> hull_d;  ///< envelope vertices (ascending durations)
   std::vector<double> hull_e;
   long dmin = 0, dmax = 0;
 
@@ -129,7 +130,8 @@ struct Activity {
     if (it == hull_d.begin()) return hull_e.front();
     if (it == hull_d.end()) return hull_e.back();
     const std::size_t j = static_cast<std::size_t>(it - hull_d.begin());
-    const double w = static_cast<double>(d - hull_d[j - 1]) / static_cast<double>(hull_d[j] - hull_d[j - 1]);
+    const double w =
+        static_cast<double>(d - hull_d[j - 1]) / static_cast<double>(hull_d[j] - hull_d[j - 1]);
     return hull_e[j - 1] + w * (hull_e[j] - hull_e[j - 1]);
   }
   // The options' Pareto staircase: time ascending, energy strictly descending. The cheapest
@@ -165,12 +167,15 @@ Activity make_activity(const DagNode& n, double unit) {
   });
   for (int j : order) {
     const auto& o = n.options[static_cast<std::size_t>(j)];
-    if (!a.stair.empty() && o.energy_j >= n.options[static_cast<std::size_t>(a.stair.back())].energy_j) continue;
+    if (!a.stair.empty() &&
+        o.energy_j >= n.options[static_cast<std::size_t>(a.stair.back())].energy_j)
+      continue;
     a.stair.push_back(j);
     a.stair_q.push_back(a.q[static_cast<std::size_t>(j)]);
     a.stair_t.push_back(o.time_s);
   }
   std::vector<std::pair<long, double>> merged;
+  std::sort(pts.begin(), pts.end());
   for (const auto& p : pts) {
     if (!merged.empty() && merged.back().first == p.first) {
       merged.back().second = std::min(merged.back().second, p.second);
@@ -260,7 +265,9 @@ std::vector<FrontierPoint> solve_frontier(const IterationDag& dag, const Frontie
 
   std::vector<long> d(n);
   for (std::size_t i = 0; i < n; ++i) d[i] = act[i].dmax;
-  auto dur = [&](const Arc& a) { return a.activity < 0 ? 0L : d[static_cast<std::size_t>(a.activity)]; };
+  auto dur = [&](const Arc& a) {
+    return a.activity < 0 ? 0L : d[static_cast<std::size_t>(a.activity)];
+  };
   std::vector<long> E(V), L(V);
   auto schedule = [&] {
     std::fill(E.begin(), E.end(), 0L);
@@ -293,7 +300,9 @@ std::vector<FrontierPoint> solve_frontier(const IterationDag& dag, const Frontie
       const auto& opts = dag.nodes[i].options;
       int c = choice[i];
       const int j = act[i].cheapest_within(lf * (1 + 1e-12) - es[i]);
-      if (j >= 0 && opts[static_cast<std::size_t>(j)].energy_j < opts[static_cast<std::size_t>(c)].energy_j) c = j;
+      if (j >= 0 &&
+          opts[static_cast<std::size_t>(j)].energy_j < opts[static_cast<std::size_t>(c)].energy_j)
+        c = j;
       choice[i] = c;
       ls[i] = lf - opts[static_cast<std::size_t>(c)].time_s;
     }
@@ -323,7 +332,8 @@ std::vector<FrontierPoint> solve_frontier(const IterationDag& dag, const Frontie
       es[i] = 0;
       for (int p : pred[i]) {
         const auto pi = static_cast<std::size_t>(p);
-        es[i] = std::max(es[i], es[pi] + dag.nodes[pi].options[static_cast<std::size_t>(choice[pi])].time_s);
+        es[i] = std::max(
+            es[i], es[pi] + dag.nodes[pi].options[static_cast<std::size_t>(choice[pi])].time_s);
       }
       M = std::max(M, es[i] + dag.nodes[i].options[static_cast<std::size_t>(choice[i])].time_s);
     }
@@ -375,7 +385,8 @@ std::vector<FrontierPoint> solve_frontier(const IterationDag& dag, const Frontie
     id(0);
     id(1);
     std::vector<std::pair<std::size_t, std::size_t>> cu(crit.size());
-    for (std::size_t c = 0; c < crit.size(); ++c) cu[c] = {id(arcs[crit[c]].u), id(arcs[crit[c]].v)};
+    for (std::size_t c = 0; c < crit.size(); ++c)
+      cu[c] = {id(arcs[crit[c]].u), id(arcs[crit[c]].v)};
     const std::size_t W = global.size();
     auto min_cut = [&](bool with_lb) -> std::optional<std::vector<bool>> {
       Flow f1;
@@ -430,7 +441,8 @@ std::vector<FrontierPoint> solve_frontier(const IterationDag& dag, const Frontie
     for (std::size_t c = 0; c < crit.size(); ++c) {
       const Arc& a = arcs[crit[c]];
       if (S[a.u] && !S[a.v]) {
-        if (a.activity < 0 || d[static_cast<std::size_t>(a.activity)] <= act[static_cast<std::size_t>(a.activity)].dmin) {
+        if (a.activity < 0 || d[static_cast<std::size_t>(a.activity)] <=
+                                  act[static_cast<std::size_t>(a.activity)].dmin) {
           blocked = true;
           break;
         }
@@ -459,7 +471,6 @@ std::vector<FrontierPoint> solve_frontier(const IterationDag& dag, const Frontie
     if (T2 >= T) break;
     T = T2;
     record(T);
-
   }
 
   // The frontier: Pareto set on (time, total energy), fastest first.
@@ -470,7 +481,8 @@ std::vector<FrontierPoint> solve_frontier(const IterationDag& dag, const Frontie
   if (stats) {
     stats->iterations = iterations;
     stats->cuts_without_credit = stats_no_credit;
-    stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    stats->seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   }
   return front;
 }

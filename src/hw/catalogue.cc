@@ -9,13 +9,13 @@
 //            at 210 MHz about 52 W; search range 900..max in 30 MHz steps.
 //  [NCCL]    NCCL tuning model and nccl-tests: A100 ring bus bandwidth about 230 GB/s with 24
 //            channels; H100 about 370 GB/s; H200 about 475 GB/s (NVLS).
-#include "kareus/error.h"
-#include "kareus/hw.h"
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
+
+#include "kareus/error.h"
+#include "kareus/hw.h"
 
 namespace kareus {
 namespace {

@@ -38,8 +38,8 @@ const Slot& Partition::slot(const std::string& name) const {
   for (const auto& s : slots) {
     if (s.name == name) return s;
   }
-  throw InvalidInput(fmt::format("partition '{}': unknown launch slot '{}'; allowed: {}", key,
-                                 name, fmt::join(slot_names(), ", ")));
+  throw InvalidInput(fmt::format("partition '{}': unknown launch slot '{}'; allowed: {}", key, name,
+                                 fmt::join(slot_names(), ", ")));
 }
 
 const Partition& PartitionSet::partition(const std::string& key) const {
@@ -121,7 +121,8 @@ PartitionSet partition_workload(const Workload& w) {
     const auto& rp = raw[r];
     const std::string base = prefix(rp.compute->direction) + rp.compute->name;
     std::string key = base;
-    if (kinds_of_block[base].size() > 1) key += std::string("_") + short_name(rp.collective->collective);
+    if (kinds_of_block[base].size() > 1)
+      key += std::string("_") + short_name(rp.collective->collective);
     std::string text = key;
     for (const auto& k : rp.compute->ops) text += "\n" + kernel_text(k);
     for (const auto& s : rp.compute->slots) text += fmt::format("\nslot {}@{}", s.name, s.op_index);

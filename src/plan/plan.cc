@@ -24,9 +24,9 @@ std::uint64_t fnv1a(const std::string& s) {
 
 std::string workload_digest(const Workload& w) {
   const PartitionSet ps = partition_workload(w);
-  std::string text = fmt::format("{}|{}|{}|{}|{}|{}", w.gpu_name, w.parallel.pp,
-                                 w.batch.micro_batches, w.cluster.gpus(), w.parallel.dp,
-                                 w.batch.nano_batches);
+  std::string text =
+      fmt::format("{}|{}|{}|{}|{}|{}", w.gpu_name, w.parallel.pp, w.batch.micro_batches,
+                  w.cluster.gpus(), w.parallel.dp, w.batch.nano_batches);
   for (int l : w.parallel.stage_layers) text += fmt::format("|{}", l);
   for (const auto& p : ps.partitions) text += "|" + p.key + ":" + p.signature;
   return fmt::format("{:016x}", fnv1a(text));
@@ -34,10 +34,14 @@ std::string workload_digest(const Workload& w) {
 
 std::string Goal::describe() const {
   switch (kind) {
-    case GoalKind::kDeadline: return fmt::format("deadline {:.4f} s", value);
-    case GoalKind::kEnergyBudget: return fmt::format("energy budget {:.1f} J", value);
-    case GoalKind::kMaxThroughput: return "max-throughput";
-    case GoalKind::kMinEnergy: return "min-energy";
+    case GoalKind::kDeadline:
+      return fmt::format("deadline {:.4f} s", value);
+    case GoalKind::kEnergyBudget:
+      return fmt::format("energy budget {:.1f} J", value);
+    case GoalKind::kMaxThroughput:
+      return "max-throughput";
+    case GoalKind::kMinEnergy:
+      return "min-energy";
   }
   return "?";
 }
@@ -143,7 +147,8 @@ Plan Plan::from_json(const nlohmann::json& j, const std::string& source) {
         in.time_s = ij.value("time_s", 0.0);
         in.dynamic_energy_j = ij.value("dynamic_energy_j", 0.0);
         for (const auto& [key, c] : ij.at("partitions").items()) {
-          in.partitions[key] = {in.freq_mhz, c.at("sms").get<int>(), c.at("slot").get<std::string>()};
+          in.partitions[key] = {in.freq_mhz, c.at("sms").get<int>(),
+                                c.at("slot").get<std::string>()};
         }
         s.instructions.push_back(std::move(in));
       }

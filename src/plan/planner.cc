@@ -19,12 +19,18 @@ namespace kareus {
 
 const char* to_string(Method m) {
   switch (m) {
-    case Method::kKareus: return "kareus";
-    case Method::kKareusMaxClock: return "kareus_max_clock";
-    case Method::kNanobatchPerseus: return "nanobatch_perseus";
-    case Method::kNanobatch: return "nanobatch";
-    case Method::kPerseus: return "perseus";
-    case Method::kMegatron: return "megatron";
+    case Method::kKareus:
+      return "kareus";
+    case Method::kKareusMaxClock:
+      return "kareus_max_clock";
+    case Method::kNanobatchPerseus:
+      return "nanobatch_perseus";
+    case Method::kNanobatch:
+      return "nanobatch";
+    case Method::kPerseus:
+      return "perseus";
+    case Method::kMegatron:
+      return "megatron";
   }
   return "?";
 }
@@ -42,7 +48,10 @@ Method method_from_string(const std::string& name) {
 
 Planner::Planner(const Workload& w, CachedProfiler& profiler, PlannerOptions o,
                  PlannerProgress progress)
-    : w_(w), ps_(partition_workload(w)), profiler_(profiler), o_(std::move(o)),
+    : w_(w),
+      ps_(partition_workload(w)),
+      profiler_(profiler),
+      o_(std::move(o)),
       progress_(std::move(progress)) {
   freqs_ = o_.freqs_mhz.empty() ? w_.gpu().search_freqs_mhz() : o_.freqs_mhz;
   for (int f : freqs_) {
@@ -53,8 +62,10 @@ Planner::Planner(const Workload& w, CachedProfiler& profiler, PlannerOptions o,
     }
   }
   if (w_.batch.nano_batches != 2) {
-    throw InvalidInput(fmt::format("{}: key 'batch.nano_batches': planning needs 2 (the partitioned "
-                                   "overlap model)", w_.source));
+    throw InvalidInput(
+        fmt::format("{}: key 'batch.nano_batches': planning needs 2 (the partitioned "
+                    "overlap model)",
+                    w_.source));
   }
 }
 
@@ -107,7 +118,8 @@ const std::vector<PartitionSearchSummary>& Planner::search_partitions() {
           src = &opts.front();
         }
       }
-      PartitionConfig c = src ? src->config : PartitionConfig{f, spaces[i].sms.front(), p.slots.front().name};
+      PartitionConfig c =
+          src ? src->config : PartitionConfig{f, spaces[i].sms.front(), p.slots.front().name};
       c.freq_mhz = f;
       const Measurement m = profiler_.measure(p, c);
       fronts[f].push_back({c, m.time_s, m.dynamic_energy_j});
@@ -129,8 +141,8 @@ std::vector<InstructionOption> Planner::instruction_options(Method m, int stage,
                                                             InstructionKind k) {
   const int fmax = *std::max_element(freqs_.begin(), freqs_.end());
   ComposeOptions co;
-  const bool all_clocks = m == Method::kKareus || m == Method::kNanobatchPerseus ||
-                          m == Method::kPerseus;
+  const bool all_clocks =
+      m == Method::kKareus || m == Method::kNanobatchPerseus || m == Method::kPerseus;
   co.freqs_mhz = all_clocks ? freqs_ : std::vector<int>{fmax};
   SegmentCostFn seg = [this](const Segment& s, int f) { return segment_cost(s, f); };
   if (m == Method::kPerseus || m == Method::kMegatron) {
@@ -199,18 +211,21 @@ MethodFrontier Planner::frontier(Method m) {
       for (const auto& x : io) o.push_back({x.time_s, x.dynamic_energy_j * per_stage});
       const int id = add_node(s, to_string(k), mb, std::move(o), io);
       node_of[{s, static_cast<int>(k), mb}] = id;
-      if (last[static_cast<std::size_t>(s)] >= 0) dag.edges.push_back({last[static_cast<std::size_t>(s)], id});
+      if (last[static_cast<std::size_t>(s)] >= 0)
+        dag.edges.push_back({last[static_cast<std::size_t>(s)], id});
       last[static_cast<std::size_t>(s)] = id;
     }
   }
   for (int mb = 0; mb < mbs; ++mb) {
     for (int s = 0; s + 1 < pp; ++s) {
       const int f = node_of.at({s, 0, mb}), f2 = node_of.at({s + 1, 0, mb});
-      const int msg = add_node(s, "p2p", mb, {{p2p_cost.time_s, p2p_cost.dynamic_energy_j * per_stage}}, {});
+      const int msg =
+          add_node(s, "p2p", mb, {{p2p_cost.time_s, p2p_cost.dynamic_energy_j * per_stage}}, {});
       dag.edges.push_back({f, msg});
       dag.edges.push_back({msg, f2});
       const int b = node_of.at({s + 1, 1, mb}), b2 = node_of.at({s, 1, mb});
-      const int back = add_node(s + 1, "p2p", mb, {{p2p_cost.time_s, p2p_cost.dynamic_energy_j * per_stage}}, {});
+      const int back = add_node(s + 1, "p2p", mb,
+                                {{p2p_cost.time_s, p2p_cost.dynamic_energy_j * per_stage}}, {});
       dag.edges.push_back({b, back});
       dag.edges.push_back({back, b2});
     }
@@ -218,7 +233,8 @@ MethodFrontier Planner::frontier(Method m) {
   for (int idx : ps_.iteration_segments) {
     const Segment& seg = ps_.segments[static_cast<std::size_t>(idx)];
     const PartitionOption c = segment_cost(seg, fmax);
-    const int id = add_node(seg.stage, "iteration", -1, {{c.time_s, c.dynamic_energy_j * per_stage}}, {});
+    const int id =
+        add_node(seg.stage, "iteration", -1, {{c.time_s, c.dynamic_energy_j * per_stage}}, {});
     dag.edges.push_back({last[static_cast<std::size_t>(seg.stage)], id});
     last[static_cast<std::size_t>(seg.stage)] = id;
   }
@@ -265,9 +281,13 @@ nlohmann::json dag_to_json(const IterationDag& dag) {
   j["gpus"] = dag.gpus;
   j["nodes"] = nlohmann::json::array();
   for (const auto& n : dag.nodes) {
-    nlohmann::json nj = {{"id", n.id}, {"stage", n.stage}, {"instruction", n.instruction},
-                         {"microbatch", n.microbatch}, {"options", nlohmann::json::array()}};
-    for (const auto& o : n.options) nj["options"].push_back({{"time_s", o.time_s}, {"energy_j", o.energy_j}});
+    nlohmann::json nj = {{"id", n.id},
+                         {"stage", n.stage},
+                         {"instruction", n.instruction},
+                         {"microbatch", n.microbatch},
+                         {"options", nlohmann::json::array()}};
+    for (const auto& o : n.options)
+      nj["options"].push_back({{"time_s", o.time_s}, {"energy_j", o.energy_j}});
     j["nodes"].push_back(nj);
   }
   j["edges"] = nlohmann::json::array();

@@ -6,9 +6,9 @@
 #include <map>
 #include <mutex>
 
+#include "builtin.h"
 #include "kareus/error.h"
 #include "kareus/profiler.h"
-#include "builtin.h"
 
 namespace kareus {
 namespace {

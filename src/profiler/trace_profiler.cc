@@ -35,8 +35,8 @@ class TraceProfiler : public Profiler {
       if (line.empty() || line[0] == '#') continue;
       if (!header) {
         if (line != expect) {
-          throw InvalidInput(fmt::format("{}:{}: header must be '{}', got '{}'", path_, lineno,
-                                         expect, line));
+          throw InvalidInput(
+              fmt::format("{}:{}: header must be '{}', got '{}'", path_, lineno, expect, line));
         }
         header = true;
         continue;
@@ -55,9 +55,9 @@ class TraceProfiler : public Profiler {
         if (!(time_s > 0) || !(energy_j >= 0)) throw std::invalid_argument("range");
         points_[{part, std::stoi(f), std::stoi(sms), slot}] = {time_s, energy_j};
       } catch (const std::exception&) {
-        throw InvalidInput(fmt::format(
-            "{}:{}: freq_mhz and sms must be integers, time_s > 0 and energy_j >= 0", path_,
-            lineno));
+        throw InvalidInput(
+            fmt::format("{}:{}: freq_mhz and sms must be integers, time_s > 0 and energy_j >= 0",
+                        path_, lineno));
       }
     }
     if (!header) throw InvalidInput(fmt::format("{}: empty trace file", path_));

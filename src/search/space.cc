@@ -55,15 +55,15 @@ SearchSpace make_search_space(const Partition& p, const GpuSpec& gpu, const Spac
 
 void validate_config(const Partition& p, const GpuSpec& gpu, const PartitionConfig& c) {
   if (!gpu.supports_freq(c.freq_mhz)) {
-    throw InvalidInput(fmt::format("--freq {}: {} supports {}..{} MHz in {} MHz steps",
-                                   c.freq_mhz, gpu.name, gpu.min_freq_mhz, gpu.max_freq_mhz,
+    throw InvalidInput(fmt::format("--freq {}: {} supports {}..{} MHz in {} MHz steps", c.freq_mhz,
+                                   gpu.name, gpu.min_freq_mhz, gpu.max_freq_mhz,
                                    gpu.freq_step_mhz));
   }
   if (c.sms < 1 || c.sms > kMaxCollectiveSms) {
-    throw InvalidInput(fmt::format("--sms {}: allowed 1..{} (NCCL's channel limit); the search "
-                                   "default for this collective is {}",
-                                   c.sms, kMaxCollectiveSms,
-                                   fmt::join(default_collective_sms(p.collective.collective), ",")));
+    throw InvalidInput(fmt::format(
+        "--sms {}: allowed 1..{} (NCCL's channel limit); the search "
+        "default for this collective is {}",
+        c.sms, kMaxCollectiveSms, fmt::join(default_collective_sms(p.collective.collective), ",")));
   }
   try {
     p.slot(c.slot);

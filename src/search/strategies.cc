@@ -58,7 +58,11 @@ class Recorder {
  public:
   Recorder(const Partition& p, const SearchSpace& s, CachedProfiler& prof, int budget,
            const SearchProgress& progress)
-      : part_(p), space_(s), prof_(prof), budget_(budget), progress_(progress),
+      : part_(p),
+        space_(s),
+        prof_(prof),
+        budget_(budget),
+        progress_(progress),
         taken_(s.size(), false) {}
 
   void measure(std::size_t idx) {
@@ -113,8 +117,8 @@ class RandomSearch : public SearchStrategy {
   std::string name() const override { return "random"; }
   SearchResult run(const Partition& p, const SearchSpace& space, CachedProfiler& prof,
                    const SearchOptions& o, const SearchProgress& progress) override {
-    const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(std::max(o.budget, 0)),
-                                                space.size());
+    const std::size_t n =
+        std::min<std::size_t>(static_cast<std::size_t>(std::max(o.budget, 0)), space.size());
     Recorder rec(p, space, prof, static_cast<int>(n), progress);
     const auto order = shuffled(space.size(), o.seed);
     for (std::size_t i = 0; i < n; ++i) rec.measure(order[i]);
@@ -158,9 +162,9 @@ class MboSearch : public SearchStrategy {
 
     // Batches shrink with the budget as well, keeping the artifact's four refits: a small budget
     // gains more from refitting often than from large batches chosen by a weak model.
-    const std::size_t batch_size = std::max<std::size_t>(
-        std::min<std::size_t>(8, static_cast<std::size_t>(o.batch_size)),
-        static_cast<std::size_t>(std::llround(o.batch_size * scale)));
+    const std::size_t batch_size =
+        std::max<std::size_t>(std::min<std::size_t>(8, static_cast<std::size_t>(o.batch_size)),
+                              static_cast<std::size_t>(std::llround(o.batch_size * scale)));
     std::uint64_t batch_seed = o.seed;
     while (rec.result.points.size() < n) {
       const std::size_t b = std::min<std::size_t>(batch_size, n - rec.result.points.size());
@@ -187,8 +191,10 @@ class MboSearch : public SearchStrategy {
     auto bad = [](const std::string& what) { throw InvalidInput(what); };
     if (o.budget < 1) bad(fmt::format("--budget must be >= 1, got {}", o.budget));
     if (o.batch_size < 1) bad(fmt::format("--batch-size must be >= 1, got {}", o.batch_size));
-    if (o.initial_points < 1) bad(fmt::format("--initial-points must be >= 1, got {}", o.initial_points));
-    const double shares = o.share_hvi_total + o.share_hvi_dynamic + o.share_fastest + o.share_uncertain;
+    if (o.initial_points < 1)
+      bad(fmt::format("--initial-points must be >= 1, got {}", o.initial_points));
+    const double shares =
+        o.share_hvi_total + o.share_hvi_dynamic + o.share_fastest + o.share_uncertain;
     if (o.share_hvi_total < 0 || o.share_hvi_dynamic < 0 || o.share_fastest < 0 ||
         o.share_uncertain < 0 || std::abs(shares - 1.0) > 1e-6) {
       bad(fmt::format("pass shares must be >= 0 and sum to 1, got {} + {} + {} + {}",
@@ -311,8 +317,8 @@ class MboSearch : public SearchStrategy {
     std::vector<bool> chosen(cand.size(), false);
     std::vector<std::size_t> batch;
     const std::size_t k1 = static_cast<std::size_t>(std::llround(b * o.share_hvi_total));
-    const std::size_t k2 = std::min(b - std::min(b, k1),
-                                    static_cast<std::size_t>(std::llround(b * o.share_hvi_dynamic)));
+    const std::size_t k2 = std::min(
+        b - std::min(b, k1), static_cast<std::size_t>(std::llround(b * o.share_hvi_dynamic)));
     const std::size_t k3 = std::min(b - std::min(b, k1 + k2),
                                     static_cast<std::size_t>(std::llround(b * o.share_fastest)));
     const std::size_t k4 = b - std::min(b, k1 + k2 + k3);
@@ -365,7 +371,8 @@ class MboSearch : public SearchStrategy {
     // nearer half behind the measured (time, total energy) front. Far-dominated corners (the
     // lowest clocks below the voltage floor) are uncertain but cannot join the front.
     std::vector<Point2> measured_e;
-    for (std::size_t i = 0; i < pts.size(); ++i) measured_e.push_back({(t[i] - t0) / ts, (e[i] - e0) / es});
+    for (std::size_t i = 0; i < pts.size(); ++i)
+      measured_e.push_back({(t[i] - t0) / ts, (e[i] - e0) / es});
     const Front2 fe(measured_e, {1.1, 1.1});
     std::vector<double> behind(cand.size());
     for (std::size_t j = 0; j < cand.size(); ++j) {
@@ -374,7 +381,8 @@ class MboSearch : public SearchStrategy {
     std::vector<double> sorted_behind = behind;
     std::nth_element(sorted_behind.begin(), sorted_behind.begin() + sorted_behind.size() / 2,
                      sorted_behind.end());
-    const double median_behind = sorted_behind.empty() ? 0 : sorted_behind[sorted_behind.size() / 2];
+    const double median_behind =
+        sorted_behind.empty() ? 0 : sorted_behind[sorted_behind.size() / 2];
     rank_pass(k4, [&](std::size_t j) {
       return (behind[j] <= median_behind ? 0.0 : 1e6) - (st[j] + sd[j]);
     });

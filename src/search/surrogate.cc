@@ -99,7 +99,8 @@ void BootstrapEnsemble::fit(const Matrix& x, const std::vector<float>& y) {
   members_.clear();
   std::mt19937_64 rng(seed_);
   const std::size_t n = std::max<std::size_t>(
-      1, static_cast<std::size_t>(std::llround(p_.resample_fraction * static_cast<double>(x.rows))));
+      1,
+      static_cast<std::size_t>(std::llround(p_.resample_fraction * static_cast<double>(x.rows))));
   std::uniform_int_distribution<std::size_t> pick(0, x.rows - 1);
   for (int m = 0; m < p_.members; ++m) {
     Matrix xs;

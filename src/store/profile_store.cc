@@ -47,7 +47,8 @@ struct ProfileStore::Impl {
           path, what, msg));
     }
     if (rc == SQLITE_CANTOPEN || rc == SQLITE_READONLY || rc == SQLITE_PERM) {
-      throw InvalidInput(fmt::format("{}: cannot open the profile store ({}: {})", path, what, msg));
+      throw InvalidInput(
+          fmt::format("{}: cannot open the profile store ({}: {})", path, what, msg));
     }
     throw Error(fmt::format("{}: profile store error ({}: {})", path, what, msg));
   }
@@ -122,9 +123,10 @@ ProfileStore::ProfileStore(const std::string& path) : impl_(std::make_unique<Imp
       throw InvalidInput(fmt::format("{}: format '{}' is not '{}'", path, format, kFormat));
     }
     if (version != std::to_string(kFormatVersion)) {
-      throw InvalidInput(fmt::format("{}: profile store version {} is not supported (this build "
-                                     "reads version {})",
-                                     path, version, kFormatVersion));
+      throw InvalidInput(
+          fmt::format("{}: profile store version {} is not supported (this build "
+                      "reads version {})",
+                      path, version, kFormatVersion));
     }
     impl_->exec("PRAGMA journal_mode=WAL");
   }
@@ -182,9 +184,8 @@ void ProfileStore::put(const StoreKey& k, const Measurement& m) {
   sqlite3_bind_double(s, 9, m.energy_j);
   sqlite3_bind_double(s, 10, m.dynamic_energy_j);
   sqlite3_bind_double(s, 11, m.static_energy_j);
-  const double now = std::chrono::duration<double>(
-                         std::chrono::system_clock::now().time_since_epoch())
-                         .count();
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   sqlite3_bind_double(s, 12, now);
   const int rc = sqlite3_step(s);  // autocommit: durable when this returns
   sqlite3_reset(s);
@@ -206,7 +207,8 @@ std::size_t ProfileStore::count(const std::string& gpu, const std::string& backe
 }
 
 std::size_t ProfileStore::count_all() const {
-  return static_cast<std::size_t>(std::stoull(impl_->single_text("SELECT COUNT(*) FROM measurements")));
+  return static_cast<std::size_t>(
+      std::stoull(impl_->single_text("SELECT COUNT(*) FROM measurements")));
 }
 
 // ---- CachedProfiler
@@ -221,8 +223,8 @@ std::string segment_signature(const Segment& s) {
 }
 
 StoreKey CachedProfiler::key(const Partition& p, const PartitionConfig& c) const {
-  return {backend_.gpu().name, backend_.fingerprint(), p.signature, p.key, c.freq_mhz, c.sms,
-          c.slot};
+  return {
+      backend_.gpu().name, backend_.fingerprint(), p.signature, p.key, c.freq_mhz, c.sms, c.slot};
 }
 
 std::string CachedProfiler::memo_key(const StoreKey& k) {
@@ -254,8 +256,8 @@ Measurement CachedProfiler::measure(const Partition& p, const PartitionConfig& c
 }
 
 Measurement CachedProfiler::measure_segment(const Segment& s, int freq_mhz) {
-  const StoreKey k{backend_.gpu().name, backend_.fingerprint(), segment_signature(s), s.name,
-                   freq_mhz, 0, "-"};
+  const StoreKey k{
+      backend_.gpu().name, backend_.fingerprint(), segment_signature(s), s.name, freq_mhz, 0, "-"};
   return serve(k, [&] { return backend_.measure_segment(s, freq_mhz); });
 }
 

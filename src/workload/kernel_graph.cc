@@ -25,44 +25,64 @@ namespace kareus {
 
 const char* to_string(OpKind k) {
   switch (k) {
-    case OpKind::kGemm: return "gemm";
-    case OpKind::kAttention: return "attention";
-    case OpKind::kNorm: return "norm";
-    case OpKind::kElementwise: return "elementwise";
-    case OpKind::kEmbedding: return "embedding";
-    case OpKind::kLoss: return "loss";
-    case OpKind::kCollective: return "collective";
+    case OpKind::kGemm:
+      return "gemm";
+    case OpKind::kAttention:
+      return "attention";
+    case OpKind::kNorm:
+      return "norm";
+    case OpKind::kElementwise:
+      return "elementwise";
+    case OpKind::kEmbedding:
+      return "embedding";
+    case OpKind::kLoss:
+      return "loss";
+    case OpKind::kCollective:
+      return "collective";
   }
   return "?";
 }
 
 const char* to_string(CollectiveKind k) {
   switch (k) {
-    case CollectiveKind::kAllReduce: return "allreduce";
-    case CollectiveKind::kAllGather: return "allgather";
-    case CollectiveKind::kReduceScatter: return "reducescatter";
-    case CollectiveKind::kP2P: return "p2p";
+    case CollectiveKind::kAllReduce:
+      return "allreduce";
+    case CollectiveKind::kAllGather:
+      return "allgather";
+    case CollectiveKind::kReduceScatter:
+      return "reducescatter";
+    case CollectiveKind::kP2P:
+      return "p2p";
   }
   return "?";
 }
 
 const char* short_name(CollectiveKind k) {
   switch (k) {
-    case CollectiveKind::kAllReduce: return "ar";
-    case CollectiveKind::kAllGather: return "ag";
-    case CollectiveKind::kReduceScatter: return "rs";
-    case CollectiveKind::kP2P: return "p2p";
+    case CollectiveKind::kAllReduce:
+      return "ar";
+    case CollectiveKind::kAllGather:
+      return "ag";
+    case CollectiveKind::kReduceScatter:
+      return "rs";
+    case CollectiveKind::kP2P:
+      return "p2p";
   }
   return "?";
 }
 
 const char* to_string(CommGroup g) {
   switch (g) {
-    case CommGroup::kTp: return "tp";
-    case CommGroup::kCp: return "cp";
-    case CommGroup::kPp: return "pp";
-    case CommGroup::kDp: return "dp";
-    case CommGroup::kEmbedding: return "embedding";
+    case CommGroup::kTp:
+      return "tp";
+    case CommGroup::kCp:
+      return "cp";
+    case CommGroup::kPp:
+      return "pp";
+    case CommGroup::kDp:
+      return "dp";
+    case CommGroup::kEmbedding:
+      return "embedding";
   }
   return "?";
 }
@@ -72,15 +92,17 @@ const char* to_string(InstructionKind k) {
 }
 
 double Kernel::wire_bytes() const {
-  if (!is_collective() || group_size <= 1) return collective == CollectiveKind::kP2P
-                                                      ? payload_bytes
-                                                      : 0.0;
+  if (!is_collective() || group_size <= 1)
+    return collective == CollectiveKind::kP2P ? payload_bytes : 0.0;
   const double n = group_size;
   switch (collective) {
-    case CollectiveKind::kAllReduce: return 2.0 * (n - 1.0) / n * payload_bytes;
+    case CollectiveKind::kAllReduce:
+      return 2.0 * (n - 1.0) / n * payload_bytes;
     case CollectiveKind::kAllGather:
-    case CollectiveKind::kReduceScatter: return (n - 1.0) / n * payload_bytes;
-    case CollectiveKind::kP2P: return payload_bytes;
+    case CollectiveKind::kReduceScatter:
+      return (n - 1.0) / n * payload_bytes;
+    case CollectiveKind::kP2P:
+      return payload_bytes;
   }
   return 0.0;
 }
@@ -96,7 +118,7 @@ class Builder {
   Builder(const Workload& w, double seqs) : w_(w), m_(w.model), p_(w.parallel) {
     const double s = w.batch.seq_len;
     seqs_ = seqs;
-    tokens_ = seqs * s / p_.cp;                                   // local tokens (this CP rank)
+    tokens_ = seqs * s / p_.cp;                                     // local tokens (this CP rank)
     sp_tokens_ = p_.sequence_parallel ? tokens_ / p_.tp : tokens_;  // tokens outside TP regions
     h_ = m_.hidden;
     q_cols_ = static_cast<double>(m_.heads) / p_.tp * m_.head_dim;
@@ -131,7 +153,8 @@ class Builder {
   }
 
   Kernel elementwise(const std::string& name, OpKind kind, double elems, double flops_per_elem,
-                     double reads_per_elem, double writes_per_elem, double elem_bytes = kBf16) const {
+                     double reads_per_elem, double writes_per_elem,
+                     double elem_bytes = kBf16) const {
     Kernel e;
     e.name = name;
     e.kind = kind;
@@ -184,9 +207,18 @@ class Builder {
     // Megatron's rank order is tp (fastest), cp, dp, pp: a group's ranks are `stride` apart.
     int stride = 1;
     switch (group) {
-      case CommGroup::kTp: c.group_size = p_.tp; stride = 1; break;
-      case CommGroup::kCp: c.group_size = p_.cp; stride = p_.tp; break;
-      case CommGroup::kDp: c.group_size = p_.dp; stride = p_.tp * p_.cp; break;
+      case CommGroup::kTp:
+        c.group_size = p_.tp;
+        stride = 1;
+        break;
+      case CommGroup::kCp:
+        c.group_size = p_.cp;
+        stride = p_.tp;
+        break;
+      case CommGroup::kDp:
+        c.group_size = p_.dp;
+        stride = p_.tp * p_.cp;
+        break;
       case CommGroup::kPp:
       case CommGroup::kEmbedding:
         c.group_size = 2;
@@ -209,8 +241,8 @@ class Builder {
   }
   Kernel kv_gather(const std::string& name, bool reduce_scatter) const {
     const double kv_full = seqs_ * w_.batch.seq_len * 2.0 * kv_cols_ * kBf16;
-    return collective(name, reduce_scatter ? CollectiveKind::kReduceScatter
-                                           : CollectiveKind::kAllGather,
+    return collective(name,
+                      reduce_scatter ? CollectiveKind::kReduceScatter : CollectiveKind::kAllGather,
                       CommGroup::kCp, kv_full);
   }
 
@@ -402,8 +434,8 @@ class Builder {
     k.push_back(elementwise("cross_entropy_bwd", OpKind::kLoss, tokens_ * vocab_, 3, 1, 1, kFp32));
     k.push_back(dgrad("logits_gemm", vocab_, h_));
     k.push_back(wgrad("logits_gemm", vocab_, h_));
-    k.push_back(tp_exit(p_.sequence_parallel ? "output_grad_reducescatter"
-                                             : "output_grad_allreduce"));
+    k.push_back(
+        tp_exit(p_.sequence_parallel ? "output_grad_reducescatter" : "output_grad_allreduce"));
     k.push_back(rmsnorm_bwd("final_rmsnorm_bwd"));
     return k;
   }

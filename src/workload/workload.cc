@@ -1,5 +1,7 @@
 // Workload files: YAML parsing and validation. Every error names the file, the dotted key and
 // what is allowed, so that a user can fix the file without reading this code.
+#include "kareus/workload.h"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <yaml-cpp/yaml.h>
@@ -11,7 +13,6 @@
 #include <sstream>
 
 #include "kareus/error.h"
-#include "kareus/workload.h"
 
 namespace kareus {
 namespace {
@@ -145,8 +146,7 @@ std::string err_source(const Workload& w) { return w.source.empty() ? "<workload
 }  // namespace
 
 double Workload::tokens_per_iteration() const {
-  return static_cast<double>(batch.micro_batch) * batch.seq_len * batch.micro_batches *
-         parallel.dp;
+  return static_cast<double>(batch.micro_batch) * batch.seq_len * batch.micro_batches * parallel.dp;
 }
 
 std::vector<std::string> model_preset_names() {
@@ -157,9 +157,10 @@ ModelConfig model_preset(const std::string& name) {
   if (name == "llama3.2-3b") return llama32_3b();
   if (name == "qwen3-1.7b") return qwen3_17b();
   if (name == "llama3.3-70b") return llama33_70b();
-  throw InvalidInput(fmt::format("unknown model preset '{}'; presets: {} (or a mapping with "
-                                 "layers, hidden, ffn_hidden, heads, kv_heads, head_dim, vocab)",
-                                 name, fmt::join(model_preset_names(), ", ")));
+  throw InvalidInput(
+      fmt::format("unknown model preset '{}'; presets: {} (or a mapping with "
+                  "layers, hidden, ffn_hidden, heads, kv_heads, head_dim, vocab)",
+                  name, fmt::join(model_preset_names(), ", ")));
 }
 
 void validate_workload(const Workload& w) {
@@ -175,12 +176,12 @@ void validate_workload(const Workload& w) {
                                  p.tp, p.cp, p.pp, p.dp, p.tp * p.cp * p.pp * p.dp, gpus));
   }
   if (w.model.heads % p.tp != 0) {
-    fail("parallel.tp", fmt::format("model heads ({}) must be divisible by tp ({})",
-                                    w.model.heads, p.tp));
+    fail("parallel.tp",
+         fmt::format("model heads ({}) must be divisible by tp ({})", w.model.heads, p.tp));
   }
   if (w.model.kv_heads % p.tp != 0) {
-    fail("parallel.tp", fmt::format("model kv_heads ({}) must be divisible by tp ({})",
-                                    w.model.kv_heads, p.tp));
+    fail("parallel.tp",
+         fmt::format("model kv_heads ({}) must be divisible by tp ({})", w.model.kv_heads, p.tp));
   }
   if (w.model.ffn_hidden % p.tp != 0) {
     fail("parallel.tp", fmt::format("model ffn_hidden ({}) must be divisible by tp ({})",

@@ -1,9 +1,10 @@
 // Composition against brute force over every configuration combination.
+#include "kareus/compose.h"
+
 #include <gtest/gtest.h>
 
 #include <random>
 
-#include "kareus/compose.h"
 #include "kareus/pareto.h"
 #include "test_util.h"
 
@@ -11,7 +12,8 @@ namespace kareus {
 namespace {
 
 TEST(Compose, MatchesBruteForceOverAllCombinations) {
-  const auto ps = partition_workload(load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096")));
+  const auto ps =
+      partition_workload(load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096")));
   std::mt19937_64 rng(3);
   std::uniform_real_distribution<double> u(0.5, 1.5);
   const std::vector<int> freqs = {1410, 1200};
@@ -27,7 +29,8 @@ TEST(Compose, MatchesBruteForceOverAllCombinations) {
     }
   }
   SegmentCostFn seg = [](const Segment& s, int f) {
-    return PartitionOption{{f, 0, "-"}, 1e-4 * static_cast<double>(s.kernels.size()) * 1410.0 / f, 0.01 * f / 1410.0};
+    return PartitionOption{
+        {f, 0, "-"}, 1e-4 * static_cast<double>(s.kernels.size()) * 1410.0 / f, 0.01 * f / 1410.0};
   };
   for (InstructionKind k : {InstructionKind::kForward, InstructionKind::kBackward}) {
     const auto got = compose_instruction(ps, 0, k, fronts, seg, {freqs});
@@ -81,12 +84,16 @@ TEST(Compose, MatchesBruteForceOverAllCombinations) {
 }
 
 TEST(Compose, ClockWithoutOptionsIsSkipped) {
-  const auto ps = partition_workload(load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096")));
+  const auto ps =
+      partition_workload(load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096")));
   std::map<std::string, PartitionFronts> fronts;
   for (const auto& p : ps.partitions) fronts[p.key][1410] = {{{1410, 24, "norm"}, 1e-3, 0.3}};
   fronts["fwd_mlp"][1200] = {{{1200, 24, "norm"}, 1e-3, 0.2}};  // only one partition at 1200
-  SegmentCostFn seg = [](const Segment&, int f) { return PartitionOption{{f, 0, "-"}, 1e-4, 0.01}; };
-  const auto got = compose_instruction(ps, 0, InstructionKind::kForward, fronts, seg, {{1410, 1200}});
+  SegmentCostFn seg = [](const Segment&, int f) {
+    return PartitionOption{{f, 0, "-"}, 1e-4, 0.01};
+  };
+  const auto got =
+      compose_instruction(ps, 0, InstructionKind::kForward, fronts, seg, {{1410, 1200}});
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].freq_mhz, 1410);
 }

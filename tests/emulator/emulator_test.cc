@@ -1,10 +1,11 @@
 // Physical sanity of the emulator, checked on every partition of several workloads, and
 // hand-computed cases of the roofline and the ring.
+#include "kareus/emulator.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "kareus/emulator.h"
 #include "kareus/error.h"
 #include "kareus/search_space.h"
 #include "test_util.h"
@@ -184,7 +185,7 @@ TEST(ProfilerRegistry, UnknownNameListsBackends) {
 TEST(Iteration, OneFOneBOrder) {
   using K = InstructionKind;
   const auto o = one_f_one_b_order(0, 2, 3);
-  const std::vector<std::pair<K, int>> expect = {{K::kForward, 0}, {K::kForward, 1},
+  const std::vector<std::pair<K, int>> expect = {{K::kForward, 0},  {K::kForward, 1},
                                                  {K::kBackward, 0}, {K::kForward, 2},
                                                  {K::kBackward, 1}, {K::kBackward, 2}};
   EXPECT_EQ(o, expect);

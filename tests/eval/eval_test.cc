@@ -1,14 +1,13 @@
 // End to end: `kareus optimize` writes a report whose numbers equal its JSON, a plot and plans
 // that replay to their predictions; `kareus eval --suite paper` covers all 14 workloads and
 // Kareus's frontier is never worse than Perseus's or Nanobatching+Perseus's.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
-
-#include <fmt/format.h>
 
 #include "kareus/plan.h"
 #include "test_util.h"
@@ -52,9 +51,9 @@ TEST(Optimize, ReportMatchesJsonPlotAndPlans) {
   }
   // The replay table's numbers are the JSON's too.
   for (const auto& rep : j.at("replay")) {
-    const std::string line = fmt::format("| {} | {:.4f} | {:.4f} |", rep.at("plan").get<std::string>(),
-                                         rep.at("predicted_time_s").get<double>(),
-                                         rep.at("emulated_time_s").get<double>());
+    const std::string line = fmt::format(
+        "| {} | {:.4f} | {:.4f} |", rep.at("plan").get<std::string>(),
+        rep.at("predicted_time_s").get<double>(), rep.at("emulated_time_s").get<double>());
     EXPECT_NE(report.find(line), std::string::npos) << line;
   }
   // A real PNG with every series in its data.
@@ -88,11 +87,11 @@ TEST(Eval, PaperSuite) {
   ASSERT_EQ(j.size(), 14u);
   const std::string report = test::read_file(tmp.file("e.md"));
   for (const auto& w : j) {
-    for (const char* k : {"workload", "iso_time_energy_saving_pct", "iso_energy_time_saving_pct",
-                          "max_throughput_time_saving_pct", "max_throughput_energy_saving_pct",
-                          "ablation_no_freq_energy_increase_pct",
-                          "ablation_no_sched_energy_increase_pct", "fallback", "kareus", "perseus",
-                          "nanobatch_perseus", "megatron"}) {
+    for (const char* k :
+         {"workload", "iso_time_energy_saving_pct", "iso_energy_time_saving_pct",
+          "max_throughput_time_saving_pct", "max_throughput_energy_saving_pct",
+          "ablation_no_freq_energy_increase_pct", "ablation_no_sched_energy_increase_pct",
+          "fallback", "kareus", "perseus", "nanobatch_perseus", "megatron"}) {
       ASSERT_TRUE(w.contains(k)) << k;
     }
     const std::string name = w.at("workload");
@@ -118,13 +117,16 @@ TEST(Eval, PaperSuite) {
       }
       for (int g = 0; g <= 50 && lo <= hi; ++g) {
         const double d = lo + (hi - lo) * g / 50.0;
-        EXPECT_LE(best_energy(k, d), best_energy(b, d) * (1 + 1e-9)) << name << " vs " << base << " at " << d;
+        EXPECT_LE(best_energy(k, d), best_energy(b, d) * (1 + 1e-9))
+            << name << " vs " << base << " at " << d;
       }
     }
     // Every reported plan replays within 3%.
     for (const auto& rep : w.at("replay")) {
-      EXPECT_LT(std::abs(rep.at("time_error").get<double>()), 0.03) << name << " " << rep.at("plan");
-      EXPECT_LT(std::abs(rep.at("energy_error").get<double>()), 0.03) << name << " " << rep.at("plan");
+      EXPECT_LT(std::abs(rep.at("time_error").get<double>()), 0.03)
+          << name << " " << rep.at("plan");
+      EXPECT_LT(std::abs(rep.at("energy_error").get<double>()), 0.03)
+          << name << " " << rep.at("plan");
     }
   }
   EXPECT_NE(report.find("paper (up to)"), std::string::npos);

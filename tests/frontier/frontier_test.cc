@@ -1,10 +1,11 @@
 // The frontier solver against brute force over every option combination on small 1F1B DAGs.
+#include "kareus/frontier.h"
+
 #include <gtest/gtest.h>
 
 #include <random>
 
 #include "kareus/emulator.h"
-#include "kareus/frontier.h"
 #include "kareus/pareto.h"
 
 namespace kareus {
@@ -39,7 +40,8 @@ IterationDag random_dag(int stages, int mbs, int max_options, std::mt19937_64& r
       }
       const int v = add(n);
       id[{s, static_cast<int>(k), mb}] = v;
-      if (last[static_cast<std::size_t>(s)] >= 0) dag.edges.push_back({last[static_cast<std::size_t>(s)], v});
+      if (last[static_cast<std::size_t>(s)] >= 0)
+        dag.edges.push_back({last[static_cast<std::size_t>(s)], v});
       last[static_cast<std::size_t>(s)] = v;
     }
   }
@@ -67,7 +69,8 @@ std::vector<Combo> brute_force(const IterationDag& dag) {
   std::vector<int> choice(dag.nodes.size(), 0);
   while (true) {
     double dyn = 0;
-    for (std::size_t i = 0; i < choice.size(); ++i) dyn += dag.nodes[i].options[static_cast<std::size_t>(choice[i])].energy_j;
+    for (std::size_t i = 0; i < choice.size(); ++i)
+      dyn += dag.nodes[i].options[static_cast<std::size_t>(choice[i])].energy_j;
     out.push_back({dag.makespan_s(choice), dyn});
     std::size_t i = 0;
     for (; i < choice.size(); ++i) {
@@ -104,7 +107,8 @@ void check_against_brute_force(int stages, int mbs, int max_options, int trials,
       const double deadline = tmin + 2e-3 + (tmax - tmin) * g / 40.0;
       double best_bf = 1e300, best_fr = 1e300;
       for (const auto& c : all) {
-        if (c.time_s <= deadline) best_bf = std::min(best_bf, c.dyn_j + dag.gpus * dag.static_power_w * c.time_s);
+        if (c.time_s <= deadline)
+          best_bf = std::min(best_bf, c.dyn_j + dag.gpus * dag.static_power_w * c.time_s);
       }
       for (const auto& p : front) {
         if (p.time_s <= deadline) best_fr = std::min(best_fr, p.energy_j);
@@ -114,7 +118,8 @@ void check_against_brute_force(int stages, int mbs, int max_options, int trials,
       EXPECT_LE(best_fr, best_bf * 1.005) << "trial " << trial << " deadline " << deadline;
       EXPECT_GE(best_fr, best_bf * (1 - 1e-9));  // never better than the optimum
     }
-    ::testing::Test::RecordProperty("worst_gap_trial_" + std::to_string(trial), std::to_string(worst));
+    ::testing::Test::RecordProperty("worst_gap_trial_" + std::to_string(trial),
+                                    std::to_string(worst));
   }
 }
 

@@ -1,8 +1,8 @@
+#include "kareus/pareto.h"
+
 #include <gtest/gtest.h>
 
 #include <random>
-
-#include "kareus/pareto.h"
 
 namespace kareus {
 namespace {

@@ -25,7 +25,8 @@ TEST(Partitioner, TpWorkloadsHaveExactlyFourKeys) {
 }
 
 TEST(Partitioner, CpWorkloadsHaveTheArtifactsTwelveKeys) {
-  const auto ps = partition_workload(load_workload(test::paper_workload("qwen3-1.7b_cp2tp4_mbs8_seq4096")));
+  const auto ps =
+      partition_workload(load_workload(test::paper_workload("qwen3-1.7b_cp2tp4_mbs8_seq4096")));
   EXPECT_EQ(keys(ps), (std::set<std::string>{"fwd_qkv_ar", "fwd_qkv_ag", "fwd_ao_ag", "fwd_ao_ar",
                                              "fwd_mlp", "bwd_qkv_ar", "bwd_qkv_rs", "bwd_a_rs",
                                              "bwd_a_ag", "bwd_o_ag", "bwd_o_ar", "bwd_mlp"}));
@@ -36,7 +37,8 @@ TEST(Partitioner, RepeatCountsByHand) {
   // blocks; the first runs alone, so 4L-1 partitions: fwd_attn 2L-1, fwd_mlp 2L.
   // Backward (recompute + backward): 8L blocks, 8L-1 partitions; the stack starts with the last
   // layer's recomputed attention, so recomputed fwd_attn 2L-1, fwd_mlp 2L, bwd_mlp 2L, bwd_attn 2L.
-  const auto ps = partition_workload(load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096")));
+  const auto ps =
+      partition_workload(load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096")));
   auto count = [&](const std::string& key, int stage, InstructionKind kind) {
     for (const auto& o : ps.partition(key).occurrences) {
       if (o.stage == stage && o.instruction == kind) return o.count;
@@ -62,7 +64,8 @@ TEST(Partitioner, RepeatCountsByHand) {
 }
 
 TEST(Partitioner, LaunchSlotsFollowTheArtifact) {
-  const auto ps = partition_workload(load_workload(test::paper_workload("qwen3-1.7b_tp8_mbs8_seq4096")));
+  const auto ps =
+      partition_workload(load_workload(test::paper_workload("qwen3-1.7b_tp8_mbs8_seq4096")));
   EXPECT_EQ(ps.partition("fwd_attn").slot_names(),
             (std::vector<std::string>{"norm", "qkv", "rope", "attn"}));
   EXPECT_EQ(ps.partition("fwd_mlp").slot_names(),
@@ -82,17 +85,20 @@ TEST(Partitioner, LaunchSlotsFollowTheArtifact) {
 }
 
 TEST(Partitioner, PartitionPairsComputeWithOtherNanoBatchCollective) {
-  const auto ps = partition_workload(load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096")));
+  const auto ps =
+      partition_workload(load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096")));
   const auto& p = ps.partition("fwd_mlp");
   EXPECT_EQ(p.collective.collective, CollectiveKind::kAllReduce);
   EXPECT_DOUBLE_EQ(p.collective.payload_bytes, 16384.0 * 3072 * 2);
   // Signatures are stable and distinct.
   EXPECT_EQ(p.signature.size(), 16u);
   EXPECT_NE(p.signature, ps.partition("fwd_attn").signature);
-  const auto again = partition_workload(load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096")));
+  const auto again =
+      partition_workload(load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096")));
   EXPECT_EQ(again.partition("fwd_mlp").signature, p.signature);
   // A different shape gives a different signature.
-  const auto other = partition_workload(load_workload(test::paper_workload("llama3.2-3b_tp8_mbs16_seq4096")));
+  const auto other =
+      partition_workload(load_workload(test::paper_workload("llama3.2-3b_tp8_mbs16_seq4096")));
   EXPECT_NE(other.partition("fwd_mlp").signature, p.signature);
 }
 

@@ -14,14 +14,13 @@
 namespace kareus {
 namespace {
 
-const char* kPaper[] = {
-    "llama3.2-3b_tp8_mbs8_seq4096",    "llama3.2-3b_tp8_mbs8_seq8192",
-    "llama3.2-3b_tp8_mbs16_seq4096",   "llama3.2-3b_cp2tp4_mbs8_seq4096",
-    "llama3.2-3b_cp2tp4_mbs8_seq8192", "llama3.2-3b_cp2tp4_mbs16_seq4096",
-    "qwen3-1.7b_tp8_mbs8_seq4096",     "qwen3-1.7b_tp8_mbs8_seq8192",
-    "qwen3-1.7b_tp8_mbs16_seq4096",    "qwen3-1.7b_cp2tp4_mbs8_seq4096",
-    "qwen3-1.7b_cp2tp4_mbs8_seq8192",  "qwen3-1.7b_cp2tp4_mbs16_seq4096",
-    "llama3.3-70b_tp8_mbs2_seq4096",   "llama3.3-70b_tp8_mbs4_seq4096"};
+const char* kPaper[] = {"llama3.2-3b_tp8_mbs8_seq4096",    "llama3.2-3b_tp8_mbs8_seq8192",
+                        "llama3.2-3b_tp8_mbs16_seq4096",   "llama3.2-3b_cp2tp4_mbs8_seq4096",
+                        "llama3.2-3b_cp2tp4_mbs8_seq8192", "llama3.2-3b_cp2tp4_mbs16_seq4096",
+                        "qwen3-1.7b_tp8_mbs8_seq4096",     "qwen3-1.7b_tp8_mbs8_seq8192",
+                        "qwen3-1.7b_tp8_mbs16_seq4096",    "qwen3-1.7b_cp2tp4_mbs8_seq4096",
+                        "qwen3-1.7b_cp2tp4_mbs8_seq8192",  "qwen3-1.7b_cp2tp4_mbs16_seq4096",
+                        "llama3.3-70b_tp8_mbs2_seq4096",   "llama3.3-70b_tp8_mbs4_seq4096"};
 
 // Issue 5's composition-error check: on every paper workload, the max-throughput and min-energy
 // plans replayed by the whole-iteration emulation agree with their predictions within 3%.
@@ -38,10 +37,11 @@ TEST(Plan, ReplayMatchesPredictionOnEveryPaperWorkload) {
       const auto idx = select_point(f.points, {g, 0});
       ASSERT_TRUE(idx.has_value());
       const Plan p = planner.make_plan(f, *idx, "test");
-      const IterationResult r = emulate_iteration(w, model, p.execution, [&](int s, InstructionKind k, int mb) {
-        return p.settings(s, k, mb);
-      });
-      EXPECT_NEAR(r.iteration_time_s / p.iteration_time_s, 1.0, 0.03) << name << " goal " << static_cast<int>(g);
+      const IterationResult r =
+          emulate_iteration(w, model, p.execution,
+                            [&](int s, InstructionKind k, int mb) { return p.settings(s, k, mb); });
+      EXPECT_NEAR(r.iteration_time_s / p.iteration_time_s, 1.0, 0.03)
+          << name << " goal " << static_cast<int>(g);
       EXPECT_NEAR(r.energy_j / p.energy_j, 1.0, 0.03) << name << " goal " << static_cast<int>(g);
     }
   }
@@ -102,10 +102,12 @@ TEST(Plan, JsonRoundTripAndErrors) {
   EXPECT_NE(inf.err.find("frontier spans iteration times"), std::string::npos) << inf.err;
   // No goal, two goals.
   EXPECT_EQ(test::run_cli("plan " + wl + " --quiet --out " + tmp.file("x.json")).exit_code, 2);
-  EXPECT_EQ(test::run_cli("plan " + wl + " --min-energy --max-throughput --out x.json").exit_code, 2);
+  EXPECT_EQ(test::run_cli("plan " + wl + " --min-energy --max-throughput --out x.json").exit_code,
+            2);
   // A plan replayed on another workload, a damaged plan, a file that is not JSON.
-  const auto other = test::run_cli("emulate " + test::paper_workload("qwen3-1.7b_tp8_mbs16_seq4096") +
-                                   " --plan " + tmp.file("fast.json"));
+  const auto other =
+      test::run_cli("emulate " + test::paper_workload("qwen3-1.7b_tp8_mbs16_seq4096") + " --plan " +
+                    tmp.file("fast.json"));
   EXPECT_EQ(other.exit_code, 2);
   EXPECT_NE(other.err.find("was made for workload"), std::string::npos) << other.err;
   auto broken = p.to_json();

@@ -1,3 +1,5 @@
+#include "kareus/search.h"
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -5,7 +7,6 @@
 
 #include "kareus/emulator.h"
 #include "kareus/error.h"
-#include "kareus/search.h"
 #include "test_util.h"
 
 namespace kareus {
@@ -30,14 +31,16 @@ TEST(SearchSpace, ArtifactDefaults) {
   EXPECT_EQ(s.size(), 18u * 10 * 4);
   EXPECT_EQ(s.sms.front(), 3);
   EXPECT_EQ(s.sms.back(), 30);
-  const auto cp = partition_workload(load_workload(test::paper_workload("qwen3-1.7b_cp2tp4_mbs8_seq4096")));
+  const auto cp =
+      partition_workload(load_workload(test::paper_workload("qwen3-1.7b_cp2tp4_mbs8_seq4096")));
   const auto ag = make_search_space(cp.partition("fwd_ao_ag"), f.w.gpu());
   EXPECT_EQ(ag.sms.size(), 20u);
   EXPECT_EQ(ag.sms.front(), 1);
   std::set<std::tuple<int, int, std::string>> uniq;
   for (const auto& c : s.configs()) uniq.insert({c.freq_mhz, c.sms, c.slot});
   EXPECT_EQ(uniq.size(), s.size());
-  EXPECT_THROW(make_search_space(f.ps.partition("fwd_attn"), f.w.gpu(), {{1405}, {}}), InvalidInput);
+  EXPECT_THROW(make_search_space(f.ps.partition("fwd_attn"), f.w.gpu(), {{1405}, {}}),
+               InvalidInput);
   EXPECT_THROW(make_search_space(f.ps.partition("fwd_attn"), f.w.gpu(), {{}, {0}}), InvalidInput);
 }
 
@@ -111,7 +114,8 @@ TEST(Search, FrontsPerFrequencyMatchBruteForce) {
   const auto& p = f.ps.partition("fwd_attn");
   SearchOptions o;
   o.budget = 224;
-  const auto r = create_search_strategy("mbo")->run(p, make_search_space(p, f.w.gpu()), f.cp, o, {});
+  const auto r =
+      create_search_strategy("mbo")->run(p, make_search_space(p, f.w.gpu()), f.cp, o, {});
   const auto fronts = r.fronts_per_frequency();
   for (std::size_t i = 0; i < r.points.size(); ++i) {
     const auto& a = r.points[i];
@@ -157,8 +161,10 @@ TEST(Search, LatinHypercubeAndStoppingRule) {
 TEST(Search, ResumesFromTheStore) {
   test::TempDir tmp;
   const std::string wl = test::paper_workload("qwen3-1.7b_tp8_mbs8_seq4096");
-  const std::string args = "search " + wl + " --partition fwd_mlp --strategy mbo --budget 120 "
-                           "--seed 3 --json --quiet --db " + tmp.file("s.db");
+  const std::string args = "search " + wl +
+                           " --partition fwd_mlp --strategy mbo --budget 120 "
+                           "--seed 3 --json --quiet --db " +
+                           tmp.file("s.db");
   const auto a = test::run_cli(args);
   ASSERT_EQ(a.exit_code, 0) << a.err;
   const auto b = test::run_cli(args);
@@ -174,7 +180,8 @@ TEST(Search, ResumesFromTheStore) {
   }());
   EXPECT_FALSE(ja.at("front").empty());
   for (const auto& fp : ja.at("front")) {
-    for (const char* k : {"freq_mhz", "sms", "slot", "time_s", "energy_j"}) EXPECT_TRUE(fp.contains(k));
+    for (const char* k : {"freq_mhz", "sms", "slot", "time_s", "energy_j"})
+      EXPECT_TRUE(fp.contains(k));
   }
 }
 

@@ -1,8 +1,8 @@
+#include "kareus/surrogate.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
-
-#include "kareus/surrogate.h"
 
 namespace kareus {
 namespace {
@@ -35,7 +35,8 @@ TEST(XgbRegressor, FitsALinearFunction) {
   const auto pred = r.predict(x);
   ASSERT_EQ(pred.size(), y.size());
   double max_err = 0;
-  for (std::size_t i = 0; i < y.size(); ++i) max_err = std::max(max_err, std::abs(double(pred[i]) - y[i]));
+  for (std::size_t i = 0; i < y.size(); ++i)
+    max_err = std::max(max_err, std::abs(double(pred[i]) - y[i]));
   EXPECT_LT(max_err, 1.0);  // range 0..95
 }
 

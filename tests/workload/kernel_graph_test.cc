@@ -1,7 +1,8 @@
 // Kernel shapes checked against hand calculations from the brief's formulas (section 9).
+#include "kareus/kernel_graph.h"
+
 #include <gtest/gtest.h>
 
-#include "kareus/kernel_graph.h"
 #include "test_util.h"
 
 namespace kareus {
@@ -31,8 +32,7 @@ TEST(KernelGraph, TpLayerShapesByHand) {
   EXPECT_DOUBLE_EQ(at.flops, 2.0 * 4 * 4096.0 * 4096 * 3 * 128);
   EXPECT_DOUBLE_EQ(find(attn.ops, "out_proj").flops, 2 * T * 24 * 128 * h / 8);
   const auto& mlp = fwd.blocks[1];
-  EXPECT_DOUBLE_EQ(find(mlp.ops, "fc1").flops + find(mlp.ops, "fc2").flops,
-                   6 * T * h * 8192 / 8);
+  EXPECT_DOUBLE_EQ(find(mlp.ops, "fc1").flops + find(mlp.ops, "fc2").flops, 6 * T * h * 8192 / 8);
   // TP AllReduce payload T*h*2 bytes; a ring moves 2(t-1)/t of it.
   EXPECT_DOUBLE_EQ(attn.collective.payload_bytes, T * h * 2);
   EXPECT_DOUBLE_EQ(attn.collective.wire_bytes(), T * h * 2 * 2 * 7 / 8);
@@ -79,7 +79,8 @@ TEST(KernelGraph, ContextParallelGathersKv) {
 }
 
 TEST(KernelGraph, SequenceAndDataParallel) {
-  const auto w = load_workload(test::source_path("workloads/examples/llama3.2-3b_h100_tp4_sp_dp2.yaml"));
+  const auto w =
+      load_workload(test::source_path("workloads/examples/llama3.2-3b_h100_tp4_sp_dp2.yaml"));
   const auto g = build_kernel_graph(w);
   bool has_ag = false, has_rs = false;
   for (const auto& b : g.stages[0].forward.blocks) {

@@ -1,24 +1,24 @@
 // Workload files: presets, the FLOPs formula on all 14 paper workloads, and every error class.
+#include "kareus/workload.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
 
 #include "kareus/error.h"
 #include "kareus/kernel_graph.h"
-#include "kareus/workload.h"
 #include "test_util.h"
 
 namespace kareus {
 namespace {
 
-const char* kPaper[] = {
-    "llama3.2-3b_tp8_mbs8_seq4096",    "llama3.2-3b_tp8_mbs8_seq8192",
-    "llama3.2-3b_tp8_mbs16_seq4096",   "llama3.2-3b_cp2tp4_mbs8_seq4096",
-    "llama3.2-3b_cp2tp4_mbs8_seq8192", "llama3.2-3b_cp2tp4_mbs16_seq4096",
-    "qwen3-1.7b_tp8_mbs8_seq4096",     "qwen3-1.7b_tp8_mbs8_seq8192",
-    "qwen3-1.7b_tp8_mbs16_seq4096",    "qwen3-1.7b_cp2tp4_mbs8_seq4096",
-    "qwen3-1.7b_cp2tp4_mbs8_seq8192",  "qwen3-1.7b_cp2tp4_mbs16_seq4096",
-    "llama3.3-70b_tp8_mbs2_seq4096",   "llama3.3-70b_tp8_mbs4_seq4096"};
+const char* kPaper[] = {"llama3.2-3b_tp8_mbs8_seq4096",    "llama3.2-3b_tp8_mbs8_seq8192",
+                        "llama3.2-3b_tp8_mbs16_seq4096",   "llama3.2-3b_cp2tp4_mbs8_seq4096",
+                        "llama3.2-3b_cp2tp4_mbs8_seq8192", "llama3.2-3b_cp2tp4_mbs16_seq4096",
+                        "qwen3-1.7b_tp8_mbs8_seq4096",     "qwen3-1.7b_tp8_mbs8_seq8192",
+                        "qwen3-1.7b_tp8_mbs16_seq4096",    "qwen3-1.7b_cp2tp4_mbs8_seq4096",
+                        "qwen3-1.7b_cp2tp4_mbs8_seq8192",  "qwen3-1.7b_cp2tp4_mbs16_seq4096",
+                        "llama3.3-70b_tp8_mbs2_seq4096",   "llama3.3-70b_tp8_mbs4_seq4096"};
 
 // The formula, written out independently of the kernel graph:
 // 3 * sum_layers T*(2h(a+2g)d + 2adh + 6hf + 2sad) + 3*T*2hV, T = tokens per iteration.
@@ -45,9 +45,8 @@ TEST(Workload, PaperSuiteFlopsMatchFormula) {
     EXPECT_EQ(w.batch.micro_batches, 8) << name;
     const auto& m = w.model;
     const double tokens = static_cast<double>(w.batch.micro_batch) * w.batch.seq_len * 8;
-    const double expect = formula_model_flops(m.layers, m.hidden, m.ffn_hidden, m.heads,
-                                              m.kv_heads, m.head_dim, m.vocab, w.batch.seq_len,
-                                              tokens);
+    const double expect = formula_model_flops(m.layers, m.hidden, m.ffn_hidden, m.heads, m.kv_heads,
+                                              m.head_dim, m.vocab, w.batch.seq_len, tokens);
     // Recompute repeats the forward of every layer: one third of the layers' 3x.
     const double layer_fwd = (expect - 3 * tokens * 2 * m.hidden * m.vocab) / 3.0;
     const auto g = build_kernel_graph(w);

@@ -50,8 +50,8 @@ void register_calibrate(CLI::App& app, Action& action) {
       for (const auto& name : r.fitted) {
         std::cout << fmt::format("  {:<20} {:.6g}\n", name, *fields.at(name));
       }
-      TextTable t({"target", "measured s", "emulated s", "error", "measured J", "emulated J",
-                   "error"});
+      TextTable t(
+          {"target", "measured s", "emulated s", "error", "measured J", "emulated J", "error"});
       for (const auto& x : r.residuals) {
         t.add_row({x.target.label, fmt::format("{:.3f}", x.target.time_s),
                    fmt::format("{:.3f}", x.time_s), fmt::format("{:+.1f}%", 100 * x.time_error),

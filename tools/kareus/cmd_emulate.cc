@@ -43,16 +43,15 @@ std::string iteration_text(const IterationResult& r) {
 
 int check_freq(const GpuSpec& g, int freq_mhz, const char* flag) {
   if (!g.supports_freq(freq_mhz)) {
-    throw InvalidInput(fmt::format("{} {}: {} supports {}..{} MHz in {} MHz steps", flag,
-                                   freq_mhz, g.name, g.min_freq_mhz, g.max_freq_mhz,
-                                   g.freq_step_mhz));
+    throw InvalidInput(fmt::format("{} {}: {} supports {}..{} MHz in {} MHz steps", flag, freq_mhz,
+                                   g.name, g.min_freq_mhz, g.max_freq_mhz, g.freq_step_mhz));
   }
   return freq_mhz;
 }
 
 void register_emulate(CLI::App& app, Action& action) {
-  auto* cmd = app.add_subcommand(
-      "emulate", "Emulate a whole training iteration under a reference schedule");
+  auto* cmd = app.add_subcommand("emulate",
+                                 "Emulate a whole training iteration under a reference schedule");
   static std::string file, schedule = "megatron", plan_file;
   static int freq = 0;
   static bool json = false;

@@ -56,10 +56,11 @@ void register_frontier(CLI::App& app, Action& action) {
         std::cout << j.dump(1) << "\n";
         return 0;
       }
-      std::cout << fmt::format("{} frontier of {}: {} points ({} solver iterations, {:.3f} s); "
-                               "{} measurements, {} from the store\n",
-                               to_string(m), w.name, f.points.size(), f.stats.iterations,
-                               f.stats.seconds, planner.measurements(), planner.reused());
+      std::cout << fmt::format(
+          "{} frontier of {}: {} points ({} solver iterations, {:.3f} s); "
+          "{} measurements, {} from the store\n",
+          to_string(m), w.name, f.points.size(), f.stats.iterations, f.stats.seconds,
+          planner.measurements(), planner.reused());
       TextTable t({"iteration time (s)", "energy (J, whole job)", "avg power per GPU (W)"});
       for (const auto& p : f.points) {
         t.add_row({fmt::format("{:.4f}", p.time_s), fmt::format("{:.1f}", p.energy_j),

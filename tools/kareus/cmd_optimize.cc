@@ -28,7 +28,8 @@ void write_file(const std::filesystem::path& p, const std::string& text) {
 std::filesystem::path make_dir(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (ec) throw InvalidInput(fmt::format("--out {}: cannot create directory ({})", dir, ec.message()));
+  if (ec)
+    throw InvalidInput(fmt::format("--out {}: cannot create directory ({})", dir, ec.message()));
   return dir;
 }
 
@@ -54,7 +55,8 @@ void register_optimize(CLI::App& app, Action& action) {
           evaluate_workload(w, *session.cached, flags.planner, progress.callback(), true);
       progress.finish();
       make_dir((dir / "plans").string());
-      for (const auto& [name, p] : e.plans) save_plan(p, (dir / "plans" / (name + ".json")).string());
+      for (const auto& [name, p] : e.plans)
+        save_plan(p, (dir / "plans" / (name + ".json")).string());
       nlohmann::json fj = to_json(e, false);
       fj["points"] = e.frontier_plans;  // every point of Kareus's frontier with its plan
       write_file(dir / "frontier.json", fj.dump(1) + "\n");
@@ -67,9 +69,10 @@ void register_optimize(CLI::App& app, Action& action) {
         std::cout << to_json(e, true).dump(2) << "\n";
         return 0;
       }
-      std::cout << fmt::format("{} ({} GPUs, emulated): {} configurations profiled, {:.1f} GPU-hours "
-                               "on real hardware\n\n",
-                               e.workload, e.gpus, e.measured + e.reused, e.real_gpu_hours);
+      std::cout << fmt::format(
+          "{} ({} GPUs, emulated): {} configurations profiled, {:.1f} GPU-hours "
+          "on real hardware\n\n",
+          e.workload, e.gpus, e.measured + e.reused, e.real_gpu_hours);
       std::cout << comparison_table(e) << "\n";
       std::cout << fmt::format(
           "iso-time: {:.1f}% less energy than Perseus; iso-energy: {:.1f}% less time; "
@@ -90,18 +93,21 @@ void register_eval(CLI::App& app, Action& action) {
   static std::string suite = "paper", json_out, report_out;
   static int jobs = 2;
   static PlannerFlags flags;
-  cmd->add_option("--suite", suite, "workload suite: paper (workloads/paper)")->capture_default_str();
+  cmd->add_option("--suite", suite, "workload suite: paper (workloads/paper)")
+      ->capture_default_str();
   cmd->add_option("--jobs", jobs, "workloads evaluated in parallel")->capture_default_str();
   cmd->add_option("--json", json_out, "write the results as JSON");
   cmd->add_option("--report", report_out, "write the results as Markdown");
   add_planner_flags(cmd, flags);
   cmd->callback([&action] {
     action = [] {
-      if (suite != "paper") throw InvalidInput(fmt::format("--suite '{}': available: paper", suite));
+      if (suite != "paper")
+        throw InvalidInput(fmt::format("--suite '{}': available: paper", suite));
       if (jobs < 1) throw InvalidInput(fmt::format("--jobs must be >= 1, got {}", jobs));
       // Workload files live next to the binary's source tree or the current directory.
       std::vector<std::string> files;
-      for (const std::string& root : {std::string("workloads/paper"), std::string(KAREUS_SOURCE_DIR) + "/workloads/paper"}) {
+      for (const std::string& root :
+           {std::string("workloads/paper"), std::string(KAREUS_SOURCE_DIR) + "/workloads/paper"}) {
         if (!std::filesystem::is_directory(root)) continue;
         for (const auto& e : std::filesystem::directory_iterator(root)) {
           if (e.path().extension() == ".yaml") files.push_back(e.path().string());
@@ -131,13 +137,15 @@ void register_eval(CLI::App& app, Action& action) {
         }
       };
       std::vector<std::thread> pool;
-      for (int t = 0; t < std::min<int>(jobs, static_cast<int>(workloads.size())); ++t) pool.emplace_back(worker);
+      for (int t = 0; t < std::min<int>(jobs, static_cast<int>(workloads.size())); ++t)
+        pool.emplace_back(worker);
       for (auto& t : pool) t.join();
       bar.finish();
       for (std::size_t i = 0; i < errors.size(); ++i) {
         if (!errors[i].empty()) throw Error(fmt::format("{}: {}", workloads[i].name, errors[i]));
       }
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       nlohmann::json j = nlohmann::json::array();
       for (const auto& e : results) j.push_back(to_json(e, false));
       const std::string report = suite_report(results, seconds);

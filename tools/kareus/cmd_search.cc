@@ -16,9 +16,9 @@
 namespace kareus::cli {
 
 nlohmann::json search_point_json(const SearchPoint& p) {
-  return {{"freq_mhz", p.config.freq_mhz},     {"sms", p.config.sms},
-          {"slot", p.config.slot},             {"time_s", p.m.time_s},
-          {"energy_j", p.m.energy_j},          {"dynamic_energy_j", p.m.dynamic_energy_j},
+  return {{"freq_mhz", p.config.freq_mhz}, {"sms", p.config.sms},
+          {"slot", p.config.slot},         {"time_s", p.m.time_s},
+          {"energy_j", p.m.energy_j},      {"dynamic_energy_j", p.m.dynamic_energy_j},
           {"from_store", p.from_store}};
 }
 
@@ -55,10 +55,11 @@ void register_search(CLI::App& app, Action& action) {
       const Partition& p = ps.partition(partition);
       ProfilingSession session = open_profiling(flags, w);
       const SearchSpace space = make_search_space(p, session.backend->gpu());
-      const std::size_t expect = strategy == "exhaustive"
-                                     ? space.size()
-                                     : std::min<std::size_t>(space.size(),
-                                                             static_cast<std::size_t>(std::max(opt.budget, 1)));
+      const std::size_t expect =
+          strategy == "exhaustive"
+              ? space.size()
+              : std::min<std::size_t>(space.size(),
+                                      static_cast<std::size_t>(std::max(opt.budget, 1)));
       Progress bar(fmt::format("search {} ({})", p.key, strategy), expect, !quiet);
       const SearchResult r = strat->run(p, space, *session.cached, opt, [&](int done, int) {
         bar.update(static_cast<std::size_t>(done));

@@ -12,12 +12,9 @@ namespace kareus::cli {
 namespace {
 
 nlohmann::json kernel_json(const Kernel& k) {
-  nlohmann::json j = {{"name", k.name},
-                      {"kind", to_string(k.kind)},
-                      {"flops", k.flops},
-                      {"bytes", k.bytes()},
-                      {"bytes_read", k.bytes_read},
-                      {"bytes_written", k.bytes_written}};
+  nlohmann::json j = {
+      {"name", k.name},     {"kind", to_string(k.kind)},  {"flops", k.flops},
+      {"bytes", k.bytes()}, {"bytes_read", k.bytes_read}, {"bytes_written", k.bytes_written}};
   if (k.kind == OpKind::kGemm) j["shape"] = {k.m, k.n, k.k};
   if (k.is_collective()) {
     j["collective"] = to_string(k.collective);
