@@ -15,6 +15,16 @@ inline std::string source_path(const std::string& rel) {
   return std::string(KAREUS_SOURCE_DIR) + "/" + rel;
 }
 
+/// The paper suite's 14 workloads (brief section 8), named as in issue 2.
+inline const char* const kPaperWorkloads[] = {
+    "llama3.2-3b_tp8_mbs8_seq4096",    "llama3.2-3b_tp8_mbs8_seq8192",
+    "llama3.2-3b_tp8_mbs16_seq4096",   "llama3.2-3b_cp2tp4_mbs8_seq4096",
+    "llama3.2-3b_cp2tp4_mbs8_seq8192", "llama3.2-3b_cp2tp4_mbs16_seq4096",
+    "qwen3-1.7b_tp8_mbs8_seq4096",     "qwen3-1.7b_tp8_mbs8_seq8192",
+    "qwen3-1.7b_tp8_mbs16_seq4096",    "qwen3-1.7b_cp2tp4_mbs8_seq4096",
+    "qwen3-1.7b_cp2tp4_mbs8_seq8192",  "qwen3-1.7b_cp2tp4_mbs16_seq4096",
+    "llama3.3-70b_tp8_mbs2_seq4096",   "llama3.3-70b_tp8_mbs4_seq4096"};
+
 inline std::string paper_workload(const std::string& name) {
   return source_path("workloads/paper/" + name + ".yaml");
 }

@@ -10,6 +10,7 @@
 #include "builtin.h"
 #include "kareus/emulator.h"
 #include "kareus/error.h"
+#include "kareus/hash.h"
 
 namespace kareus {
 namespace {
@@ -19,12 +20,6 @@ std::uint64_t splitmix64(std::uint64_t x) {
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
   return x ^ (x >> 31);
-}
-
-std::uint64_t fnv1a(const std::string& s) {
-  std::uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
-  return h;
 }
 
 // Two independent standard normals (Box-Muller) from a key.

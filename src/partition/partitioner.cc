@@ -12,6 +12,7 @@
 #include <set>
 
 #include "kareus/error.h"
+#include "kareus/hash.h"
 #include "kareus/partition.h"
 
 namespace kareus {
@@ -71,16 +72,6 @@ std::string kernel_text(const Kernel& k) {
   return s;
 }
 
-// FNV-1a, 64 bit: stable across runs and platforms, which std::hash is not.
-std::string fnv1a_hex(const std::string& text) {
-  std::uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ULL;
-  }
-  return fmt::format("{:016x}", h);
-}
-
 struct RawPartition {
   const Block* compute;
   const Kernel* collective;
@@ -127,7 +118,7 @@ PartitionSet partition_workload(const Workload& w) {
     for (const auto& k : rp.compute->ops) text += "\n" + kernel_text(k);
     for (const auto& s : rp.compute->slots) text += fmt::format("\nslot {}@{}", s.name, s.op_index);
     text += "\n" + kernel_text(*rp.collective);
-    const std::string sig = fnv1a_hex(text);
+    const std::string sig = fmt::format("{:016x}", fnv1a(text));
     auto it = by_signature.find(sig);
     if (it == by_signature.end()) {
       const int v = ++versions_of_key[key];

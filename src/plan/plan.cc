@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "kareus/error.h"
+#include "kareus/hash.h"
 #include "kareus/partition.h"
 
 namespace kareus {
@@ -15,11 +16,6 @@ namespace kareus {
 namespace {
 constexpr const char* kFormat = "kareus-plan";
 
-std::uint64_t fnv1a(const std::string& s) {
-  std::uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
-  return h;
-}
 }  // namespace
 
 std::string workload_digest(const Workload& w) {

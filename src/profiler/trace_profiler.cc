@@ -11,6 +11,7 @@
 
 #include "builtin.h"
 #include "kareus/error.h"
+#include "kareus/hash.h"
 
 namespace kareus {
 namespace {
@@ -25,12 +26,12 @@ class TraceProfiler : public Profiler {
     if (!in) throw InvalidInput(fmt::format("{}: cannot open trace file", path_));
     std::string line;
     int lineno = 0;
-    std::uint64_t h = 1469598103934665603ULL;
+    std::uint64_t h = kFnvOffset;
     const std::string expect = "partition,freq_mhz,sms,slot,time_s,energy_j";
     bool header = false;
     while (std::getline(in, line)) {
       ++lineno;
-      for (unsigned char c : line) h = (h ^ c) * 1099511628211ULL;
+      h = fnv1a(line, h);
       if (!line.empty() && line.back() == '\r') line.pop_back();
       if (line.empty() || line[0] == '#') continue;
       if (!header) {

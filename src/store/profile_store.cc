@@ -7,6 +7,7 @@
 #include <chrono>
 
 #include "kareus/error.h"
+#include "kareus/hash.h"
 #include "kareus/store.h"
 
 namespace kareus {
@@ -18,12 +19,6 @@ struct StmtDeleter {
   void operator()(sqlite3_stmt* s) const { sqlite3_finalize(s); }
 };
 using Stmt = std::unique_ptr<sqlite3_stmt, StmtDeleter>;
-
-std::uint64_t fnv1a(const std::string& s) {
-  std::uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
-  return h;
-}
 
 }  // namespace
 

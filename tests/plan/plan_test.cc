@@ -14,18 +14,10 @@
 namespace kareus {
 namespace {
 
-const char* kPaper[] = {"llama3.2-3b_tp8_mbs8_seq4096",    "llama3.2-3b_tp8_mbs8_seq8192",
-                        "llama3.2-3b_tp8_mbs16_seq4096",   "llama3.2-3b_cp2tp4_mbs8_seq4096",
-                        "llama3.2-3b_cp2tp4_mbs8_seq8192", "llama3.2-3b_cp2tp4_mbs16_seq4096",
-                        "qwen3-1.7b_tp8_mbs8_seq4096",     "qwen3-1.7b_tp8_mbs8_seq8192",
-                        "qwen3-1.7b_tp8_mbs16_seq4096",    "qwen3-1.7b_cp2tp4_mbs8_seq4096",
-                        "qwen3-1.7b_cp2tp4_mbs8_seq8192",  "qwen3-1.7b_cp2tp4_mbs16_seq4096",
-                        "llama3.3-70b_tp8_mbs2_seq4096",   "llama3.3-70b_tp8_mbs4_seq4096"};
-
 // Issue 5's composition-error check: on every paper workload, the max-throughput and min-energy
 // plans replayed by the whole-iteration emulation agree with their predictions within 3%.
 TEST(Plan, ReplayMatchesPredictionOnEveryPaperWorkload) {
-  for (const char* name : kPaper) {
+  for (const char* name : test::kPaperWorkloads) {
     const Workload w = load_workload(test::paper_workload(name));
     EmulatorProfiler prof({w.gpu_name, 0.01, 1, 0, ""});
     CachedProfiler cp(prof, nullptr);

@@ -12,14 +12,6 @@
 namespace kareus {
 namespace {
 
-const char* kPaper[] = {"llama3.2-3b_tp8_mbs8_seq4096",    "llama3.2-3b_tp8_mbs8_seq8192",
-                        "llama3.2-3b_tp8_mbs16_seq4096",   "llama3.2-3b_cp2tp4_mbs8_seq4096",
-                        "llama3.2-3b_cp2tp4_mbs8_seq8192", "llama3.2-3b_cp2tp4_mbs16_seq4096",
-                        "qwen3-1.7b_tp8_mbs8_seq4096",     "qwen3-1.7b_tp8_mbs8_seq8192",
-                        "qwen3-1.7b_tp8_mbs16_seq4096",    "qwen3-1.7b_cp2tp4_mbs8_seq4096",
-                        "qwen3-1.7b_cp2tp4_mbs8_seq8192",  "qwen3-1.7b_cp2tp4_mbs16_seq4096",
-                        "llama3.3-70b_tp8_mbs2_seq4096",   "llama3.3-70b_tp8_mbs4_seq4096"};
-
 // The formula, written out independently of the kernel graph:
 // 3 * sum_layers T*(2h(a+2g)d + 2adh + 6hf + 2sad) + 3*T*2hV, T = tokens per iteration.
 double formula_model_flops(double layers, double h, double f, double a, double g, double d,
@@ -38,7 +30,7 @@ TEST(Workload, PaperSuiteIsComplete) {
 }
 
 TEST(Workload, PaperSuiteFlopsMatchFormula) {
-  for (const char* name : kPaper) {
+  for (const char* name : test::kPaperWorkloads) {
     const Workload w = load_workload(test::paper_workload(name));
     EXPECT_EQ(w.cluster.gpus(), 16) << name;
     EXPECT_EQ(w.parallel.pp, 2) << name;
@@ -61,7 +53,7 @@ TEST(Workload, HandComputedLlama3bFlops) {
   // 6*3072*8192 = 150994944; 2*4096*24*128 = 25165824; sum 226492416 per token.
   // 3 * 28 * 226492416 * 262144 + 3 * 262144 * 2 * 3072 * 128256
   const double expect = 3.0 * 28 * 226492416.0 * 262144 + 3.0 * 262144 * 2 * 3072 * 128256;
-  const auto g = build_kernel_graph(load_workload(test::paper_workload(kPaper[0])));
+  const auto g = build_kernel_graph(load_workload(test::paper_workload(test::kPaperWorkloads[0])));
   EXPECT_NEAR(g.model_flops_per_iteration / expect, 1.0, 1e-9);
 }
 
