@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kareus/emulator.h"
 #include "kareus/partition.h"
 #include "kareus/profiler.h"
 
@@ -36,10 +37,16 @@ struct InstructionOption {
   double time_s = 0;                                  ///< one micro-batch, one GPU
   double dynamic_energy_j = 0;                        ///< one micro-batch, one GPU
   std::map<std::string, PartitionConfig> partitions;  ///< by key (empty when sequential)
+  /// With ComposeOptions::per_instance: partitions whose instances use several configurations.
+  std::map<std::string, std::vector<ConfigShare>> mixes;
 };
 
 struct ComposeOptions {
   std::vector<int> freqs_mhz;  ///< clocks to compose at (an instruction runs at one clock)
+  /// Beyond the paper: let every instance (layer) of a partition pick its own configuration.
+  /// The sum over n instances is then the Pareto set of all multisets of n options, which
+  /// contains every uniform choice and the mixes between them.
+  bool per_instance = false;
 };
 
 /// Pareto set of InstructionOptions of one instruction. `fronts` holds every partition of the

@@ -122,9 +122,20 @@ class EmulatorProfiler : public Profiler {
 enum class ExecutionMode { kSequential, kOverlapped };
 
 /// How one instruction runs: its clock and, when overlapped, each partition's SMs and slot.
+/// Instances of one partition that run with one configuration (a per-layer choice).
+struct ConfigShare {
+  PartitionConfig config;
+  int instances = 0;
+  bool operator==(const ConfigShare&) const = default;
+};
+
 struct InstructionSettings {
   int freq_mhz = 0;
   std::map<std::string, PartitionConfig> partitions;  ///< by partition key; freq ignored
+  /// Optional per-instance choice that overrides `partitions` for its key: the first
+  /// `instances` occurrences (in execution order) use the first share's configuration, the
+  /// next ones the second share's, and so on.
+  std::map<std::string, std::vector<ConfigShare>> mixes;
 };
 
 using SettingsFn = std::function<InstructionSettings(int stage, InstructionKind kind, int mb)>;

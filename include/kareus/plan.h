@@ -20,9 +20,10 @@ struct PlanInstruction {
   InstructionKind kind = InstructionKind::kForward;
   int microbatch = 0;
   int freq_mhz = 0;
-  double time_s = 0;                                  ///< predicted, one GPU
-  double dynamic_energy_j = 0;                        ///< predicted, one GPU
-  std::map<std::string, PartitionConfig> partitions;  ///< by key; freq_mhz = the instruction's
+  double time_s = 0;                                      ///< predicted, one GPU
+  double dynamic_energy_j = 0;                            ///< predicted, one GPU
+  std::map<std::string, PartitionConfig> partitions;      ///< by key; freq_mhz = the instruction's
+  std::map<std::string, std::vector<ConfigShare>> mixes;  ///< per-layer choices, if any
 };
 
 struct PlanStage {

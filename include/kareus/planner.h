@@ -35,6 +35,7 @@ struct PlannerOptions {
   std::string strategy = "mbo";
   SearchOptions search;
   double unit_s = 1e-3;        ///< solver time quantum
+  bool per_layer = false;      ///< let each layer (instance) of a partition pick its configuration
   std::vector<int> freqs_mhz;  ///< empty: the GPU's default search range
 };
 
@@ -78,7 +79,9 @@ class Planner {
   int reused() const { return profiler_.reused(); }
 
  private:
-  std::vector<InstructionOption> instruction_options(Method m, int stage, InstructionKind k);
+  std::vector<InstructionOption> instruction_options(Method m, int stage, InstructionKind k,
+                                                     bool per_instance);
+  MethodFrontier frontier_with(Method m, bool per_instance);
   PartitionOption segment_cost(const Segment& s, int freq_mhz);
   const PartitionSet& sequential_partitions();
 

@@ -38,6 +38,7 @@ InstructionCost emulate_instruction(const PartitionSet& ps, const EmulatorModel&
   InstructionCost cost;
   const auto& is = ps.instruction(stage, kind);
   const int default_sms = m.gpu().nccl_default_channels;
+  std::map<std::string, int> seen;  // occurrences of each partition so far
   for (const auto& step : is.steps) {
     SimResult r;
     if (step.kind == Step::Kind::kSegment) {
@@ -49,8 +50,20 @@ InstructionCost emulate_instruction(const PartitionSet& ps, const EmulatorModel&
       }
       const auto& part = ps.partitions[static_cast<std::size_t>(step.index)];
       PartitionConfig c;
+      const int occurrence = seen[part.key]++;
       auto it = s.partitions.find(part.key);
-      if (it != s.partitions.end()) {
+      auto mix = s.mixes.find(part.key);
+      if (mix != s.mixes.end() && !mix->second.empty()) {
+        int upto = 0;
+        c = mix->second.back().config;
+        for (const auto& share : mix->second) {
+          upto += share.instances;
+          if (occurrence < upto) {
+            c = share.config;
+            break;
+          }
+        }
+      } else if (it != s.partitions.end()) {
         c = it->second;
       } else {
         c.sms = m.default_collective_sms(part.collective);
@@ -84,6 +97,11 @@ IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, Exe
     const InstructionSettings st = settings(s, k, mb);
     std::string key = fmt::format("{}|{}|{}", s, static_cast<int>(k), st.freq_mhz);
     for (const auto& [pk, c] : st.partitions) key += fmt::format("|{}:{}:{}", pk, c.sms, c.slot);
+    for (const auto& [pk, shares] : st.mixes) {
+      for (const auto& sh : shares) {
+        key += fmt::format("|{}:{}:{}x{}", pk, sh.config.sms, sh.config.slot, sh.instances);
+      }
+    }
     auto it = memo.find(key);
     if (it == memo.end()) it = memo.emplace(key, emulate_instruction(ps, m, mode, s, k, st)).first;
     return it->second;

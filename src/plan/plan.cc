@@ -90,6 +90,13 @@ nlohmann::json Plan::to_json() const {
                            {"partitions", nlohmann::json::object()}};
       for (const auto& [key, c] : in.partitions) {
         ij["partitions"][key] = {{"sms", c.sms}, {"slot", c.slot}};
+        auto mix = in.mixes.find(key);
+        if (mix == in.mixes.end()) continue;
+        // Per-layer choice: the first `instances` occurrences use the first entry, and so on.
+        for (const auto& sh : mix->second) {
+          ij["partitions"][key]["mix"].push_back(
+              {{"sms", sh.config.sms}, {"slot", sh.config.slot}, {"instances", sh.instances}});
+        }
       }
       sj["instructions"].push_back(ij);
     }
@@ -145,6 +152,12 @@ Plan Plan::from_json(const nlohmann::json& j, const std::string& source) {
         for (const auto& [key, c] : ij.at("partitions").items()) {
           in.partitions[key] = {in.freq_mhz, c.at("sms").get<int>(),
                                 c.at("slot").get<std::string>()};
+          if (!c.contains("mix")) continue;
+          for (const auto& sh : c.at("mix")) {
+            in.mixes[key].push_back(
+                {{in.freq_mhz, sh.at("sms").get<int>(), sh.at("slot").get<std::string>()},
+                 sh.at("instances").get<int>()});
+          }
         }
         s.instructions.push_back(std::move(in));
       }
@@ -160,7 +173,9 @@ InstructionSettings Plan::settings(int stage, InstructionKind kind, int microbat
   for (const auto& s : stages) {
     if (s.stage != stage) continue;
     for (const auto& in : s.instructions) {
-      if (in.kind == kind && in.microbatch == microbatch) return {in.freq_mhz, in.partitions};
+      if (in.kind == kind && in.microbatch == microbatch) {
+        return {in.freq_mhz, in.partitions, in.mixes};
+      }
     }
   }
   throw InvalidInput(fmt::format("plan has no {} of micro-batch {} on stage {}", to_string(kind),

@@ -14,6 +14,7 @@
 #include <algorithm>
 
 #include "kareus/error.h"
+#include "kareus/pareto.h"
 
 namespace kareus {
 
@@ -137,10 +138,11 @@ PartitionOption Planner::segment_cost(const Segment& s, int freq_mhz) {
   return {{freq_mhz, 0, "-"}, m.time_s, m.dynamic_energy_j};
 }
 
-std::vector<InstructionOption> Planner::instruction_options(Method m, int stage,
-                                                            InstructionKind k) {
+std::vector<InstructionOption> Planner::instruction_options(Method m, int stage, InstructionKind k,
+                                                            bool per_instance) {
   const int fmax = *std::max_element(freqs_.begin(), freqs_.end());
   ComposeOptions co;
+  co.per_instance = per_instance;
   const bool all_clocks =
       m == Method::kKareus || m == Method::kNanobatchPerseus || m == Method::kPerseus;
   co.freqs_mhz = all_clocks ? freqs_ : std::vector<int>{fmax};
@@ -166,6 +168,45 @@ std::vector<InstructionOption> Planner::instruction_options(Method m, int stage,
 }
 
 MethodFrontier Planner::frontier(Method m) {
+  if (!o_.per_layer) return frontier_with(m, false);
+  // Per-layer choices are a superset of uniform ones, but the solver is a heuristic on
+  // non-convex options: keep the uniform frontier's points too, mapped onto the per-layer DAG
+  // (each node to the cheapest per-layer option no slower than its uniform choice), so the
+  // per-layer frontier is never worse.
+  const MethodFrontier uniform = frontier_with(m, false);
+  MethodFrontier mf = frontier_with(m, true);
+  for (const FrontierPoint& up : uniform.points) {
+    FrontierPoint p;
+    p.choice.resize(mf.dag.nodes.size());
+    for (std::size_t i = 0; i < mf.dag.nodes.size(); ++i) {
+      const DagOption& want = uniform.dag.nodes[i].options[static_cast<std::size_t>(up.choice[i])];
+      const auto& opts = mf.dag.nodes[i].options;
+      int best = 0;
+      for (std::size_t j = 0; j < opts.size(); ++j) {
+        const bool fits = opts[j].time_s <= want.time_s * (1 + 1e-12);
+        const bool best_fits =
+            opts[static_cast<std::size_t>(best)].time_s <= want.time_s * (1 + 1e-12);
+        if (fits &&
+            (!best_fits || opts[j].energy_j < opts[static_cast<std::size_t>(best)].energy_j)) {
+          best = static_cast<int>(j);
+        }
+      }
+      p.choice[i] = best;
+    }
+    p.time_s = mf.dag.makespan_s(p.choice);
+    p.energy_j = mf.dag.energy_j(p.choice);
+    p.dynamic_energy_j = p.energy_j - mf.dag.gpus * mf.dag.static_power_w * p.time_s;
+    mf.points.push_back(std::move(p));
+  }
+  std::vector<Point2> pts;
+  for (const auto& p : mf.points) pts.push_back({p.time_s, p.energy_j});
+  std::vector<FrontierPoint> front;
+  for (std::size_t i : pareto_front(pts)) front.push_back(mf.points[i]);
+  mf.points = std::move(front);
+  return mf;
+}
+
+MethodFrontier Planner::frontier_with(Method m, bool per_instance) {
   MethodFrontier mf;
   mf.method = m;
   mf.execution = (m == Method::kPerseus || m == Method::kMegatron) ? ExecutionMode::kSequential
@@ -179,7 +220,7 @@ MethodFrontier Planner::frontier(Method m) {
   std::map<std::pair<int, int>, std::vector<InstructionOption>> opts;
   for (int s = 0; s < pp; ++s) {
     for (InstructionKind k : {InstructionKind::kForward, InstructionKind::kBackward}) {
-      opts[{s, static_cast<int>(k)}] = instruction_options(m, s, k);
+      opts[{s, static_cast<int>(k)}] = instruction_options(m, s, k, per_instance);
     }
   }
   auto add_node = [&](int stage, const std::string& instr, int mb, std::vector<DagOption> o,
@@ -270,6 +311,7 @@ Plan Planner::make_plan(const MethodFrontier& f, std::size_t point, const std::s
     in.time_s = o.time_s;
     in.dynamic_energy_j = o.dynamic_energy_j;
     in.partitions = o.partitions;
+    in.mixes = o.mixes;
     p.stages[static_cast<std::size_t>(n.stage)].instructions.push_back(std::move(in));
   }
   return p;

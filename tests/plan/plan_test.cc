@@ -125,3 +125,44 @@ TEST(Plan, GoalSelection) {
 
 }  // namespace
 }  // namespace kareus
+
+namespace kareus {
+namespace {
+
+// Per-layer configurations: never worse than one configuration per partition at any deadline,
+// and a plan with mixed layers replays to its prediction.
+TEST(Plan, PerLayerNeverWorseAndReplays) {
+  const Workload w = load_workload(test::paper_workload("qwen3-1.7b_tp8_mbs8_seq4096"));
+  EmulatorProfiler prof({w.gpu_name, 0.01, 1, 0, ""});
+  CachedProfiler cp(prof, nullptr);
+  PlannerOptions uniform_o, layer_o;
+  layer_o.per_layer = true;
+  Planner uniform(w, cp, uniform_o), layered(w, cp, layer_o);
+  const auto fu = uniform.frontier(Method::kKareus);
+  const auto fl = layered.frontier(Method::kKareus);
+  for (const auto& p : fu.points) {
+    const auto idx = select_point(fl.points, {GoalKind::kDeadline, p.time_s * (1 + 1e-9)});
+    ASSERT_TRUE(idx.has_value());
+    EXPECT_LE(fl.points[*idx].energy_j, p.energy_j * (1 + 1e-9));
+  }
+  // Find a point whose plan mixes configurations and replay it.
+  const EmulatorModel model(w.gpu());
+  bool mixed = false;
+  for (std::size_t i = 0; i < fl.points.size() && !mixed; i += 7) {
+    const Plan p = layered.make_plan(fl, i, "test");
+    for (const auto& st : p.stages) {
+      for (const auto& in : st.instructions) mixed |= !in.mixes.empty();
+    }
+    if (!mixed) continue;
+    EXPECT_EQ(Plan::from_json(p.to_json(), "x").to_json(), p.to_json());
+    const auto r = emulate_iteration(w, model, p.execution, [&](int s, InstructionKind k, int mb) {
+      return p.settings(s, k, mb);
+    });
+    EXPECT_NEAR(r.iteration_time_s / p.iteration_time_s, 1.0, 0.03);
+    EXPECT_NEAR(r.energy_j / p.energy_j, 1.0, 0.03);
+  }
+  EXPECT_TRUE(mixed) << "no frontier point used per-layer configurations";
+}
+
+}  // namespace
+}  // namespace kareus

@@ -24,6 +24,8 @@ inline void add_planner_flags(CLI::App* cmd, PlannerFlags& f) {
   cmd->add_option("--seed", f.planner.search.seed, "seed of the search")->capture_default_str();
   cmd->add_option("--unit", f.planner.unit_s, "frontier solver time unit in seconds")
       ->capture_default_str();
+  cmd->add_flag("--per-layer", f.planner.per_layer,
+                "let each layer pick its own partition configuration where that is better");
   cmd->add_flag("--quiet", f.quiet, "no progress display");
   add_profiling_flags(cmd, f.profiling);
 }
