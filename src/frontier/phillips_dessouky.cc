@@ -28,6 +28,7 @@
 #include <boost/graph/push_relabel_max_flow.hpp>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <optional>
 
@@ -48,23 +49,32 @@ using FlowGraph =
 using Edge = boost::graph_traits<FlowGraph>::edge_descriptor;
 
 constexpr double kInf = 1e12;
-constexpr double kEps = 1e-9;
+
+// Capacities are integers (nano-joules): push-relabel's conservation checks and the feasibility
+// test are exact, and no flow is lost to rounding. 1e12 J of "infinity" still fits in 64 bits.
+constexpr double kUnitsPerJoule = 1e6;
+using Units = std::int64_t;
+inline Units to_units(double joules) {
+  return static_cast<Units>(std::llround(std::min(joules, kInf) * kUnitsPerJoule));
+}
 
 class Flow {
  public:
   /// Adds u -> v with `cap` and its reverse with 0; returns the edge's id.
-  std::size_t add(std::size_t u, std::size_t v, double cap) {
+  std::size_t add(std::size_t u, std::size_t v, double cap_j) {
     const std::size_t id = ends_.size();
     ends_.push_back({u, v});
     ids_.push_back({id});
-    caps_.push_back(cap);
+    caps_.push_back(to_units(std::max(0.0, cap_j)));
     ends_.push_back({v, u});
     ids_.push_back({id + 1});
-    caps_.push_back(0.0);
+    caps_.push_back(0);
     return id;
   }
+  /// Capacity of edge `id` in units, as added.
+  Units capacity(std::size_t id) const { return caps_[id]; }
   /// Builds the graph over vertices 0..n-1 and runs the maximum flow from s to t.
-  double max_flow(std::size_t n, std::size_t s, std::size_t t) {
+  Units max_flow(std::size_t n, std::size_t s, std::size_t t) {
     g_ = FlowGraph(boost::edges_are_unsorted_multi_pass, ends_.begin(), ends_.end(), ids_.begin(),
                    n);
     const auto eindex = boost::get(boost::edge_index, g_);
@@ -75,8 +85,8 @@ class Flow {
       at_[g_[*it].id] = (*it).idx;
       by_index[(*it).idx] = *it;
     }
-    cap_.assign(m, 0.0);
-    res_.assign(m, 0.0);
+    cap_.assign(m, 0);
+    res_.assign(m, 0);
     rev_.assign(m, Edge());
     for (std::size_t k = 0; k < m; ++k) {
       cap_[at_[k]] = caps_[k];
@@ -88,7 +98,9 @@ class Flow {
         boost::make_iterator_property_map(res_.begin(), eindex),
         boost::make_iterator_property_map(rev_.begin(), eindex), vindex);
   }
-  double flow(std::size_t id) const { return cap_[at_[id]] - res_[at_[id]]; }
+  double flow(std::size_t id) const {
+    return static_cast<double>(cap_[at_[id]] - res_[at_[id]]) / kUnitsPerJoule;
+  }
   /// Vertices reachable from s through edges with residual capacity (after max_flow).
   std::vector<bool> reachable(std::size_t s) const {
     std::vector<bool> seen(boost::num_vertices(g_), false);
@@ -99,7 +111,7 @@ class Flow {
       stack.pop_back();
       for (auto [it, end] = boost::out_edges(u, g_); it != end; ++it) {
         const std::size_t v = boost::target(*it, g_);
-        if (!seen[v] && res_[(*it).idx] > kEps) {
+        if (!seen[v] && res_[(*it).idx] > 0) {
           seen[v] = true;
           stack.push_back(v);
         }
@@ -111,7 +123,7 @@ class Flow {
  private:
   std::vector<std::pair<std::size_t, std::size_t>> ends_;
   std::vector<FlowEdge> ids_;
-  std::vector<double> caps_, cap_, res_;
+  std::vector<Units> caps_, cap_, res_;
   std::vector<std::size_t> at_;
   FlowGraph g_;
   std::vector<Edge> rev_;
@@ -400,9 +412,10 @@ std::vector<FrontierPoint> solve_frontier(const IterationDag& dag, const Frontie
         excess[v] += l;
         excess[u] -= l;
       }
+      Units need_units = 0;
       for (std::size_t v = 0; v < W; ++v) {
         if (excess[v] > 0) {
-          f1.add(W, v, excess[v]);
+          need_units += f1.capacity(f1.add(W, v, excess[v]));
           need += excess[v];
         } else if (excess[v] < 0) {
           f1.add(v, W + 1, -excess[v]);
@@ -411,7 +424,10 @@ std::vector<FrontierPoint> solve_frontier(const IterationDag& dag, const Frontie
       f1.add(1, 0, kInf);
       std::vector<double> flow(crit.size(), 0.0);
       if (need > 0) {
-        if (f1.max_flow(W + 2, W, W + 1) < need * (1 - 1e-9) - kEps) return std::nullopt;
+        // Lower bounds move to the super source and sink with rounding on both sides; a unit
+        // per vertex of slack absorbs it.
+        const Units slack = static_cast<Units>(W);
+        if (f1.max_flow(W + 2, W, W + 1) < need_units - slack) return std::nullopt;
         for (std::size_t c = 0; c < crit.size(); ++c) flow[c] = f1.flow(e1[c]);
       }
       // 2) Maximize it from source to sink in the residual network of the feasible flow.
