@@ -335,9 +335,11 @@ std::vector<FrontierPoint> solve_frontier(const IterationDag& dag, const Frontie
   };
   // Real options for the quantized durations: snap, then refine twice, within the snapped
   // makespan and within the solver's current deadline T (the snap can leave time unused).
-  auto record = [&](long T_units) {
+  // `fastest`: every activity at its fastest real option instead of the snapped durations, so
+  // that the frontier's fast end is exact even when options share a quantized duration.
+  auto record = [&](long T_units, bool fastest = false) {
     std::vector<int> choice(n);
-    for (std::size_t i = 0; i < n; ++i) choice[i] = act[i].snap(d[i]);
+    for (std::size_t i = 0; i < n; ++i) choice[i] = fastest ? act[i].stair.front() : act[i].snap(d[i]);
     double M = 0;
     for (int u : topo) {
       const auto i = static_cast<std::size_t>(u);
@@ -488,6 +490,8 @@ std::vector<FrontierPoint> solve_frontier(const IterationDag& dag, const Frontie
     T = T2;
     record(T);
   }
+
+  record(0, true);
 
   // The frontier: Pareto set on (time, total energy), fastest first.
   std::vector<Point2> pts;
