@@ -56,6 +56,9 @@ struct FrontierStats {
   double seconds = 0;
 };
 
+/// Keeps the Pareto set on (time_s, energy_j), fastest first.
+std::vector<FrontierPoint> pareto_frontier(const std::vector<FrontierPoint>& points);
+
 /// The Pareto frontier on (iteration time, total energy), fastest first. Every point is
 /// evaluated on the discrete options it chose.
 std::vector<FrontierPoint> solve_frontier(const IterationDag& dag, const FrontierOptions& o = {},

@@ -56,6 +56,8 @@ Plan load_plan(const std::string& path);
 void save_plan(const Plan& p, const std::string& path);
 
 /// A digest of a workload's partitions and shape, to tie plans to workloads.
+std::string workload_digest(const Workload& w, const PartitionSet& ps);
+/// The same, partitioning the workload first.
 std::string workload_digest(const Workload& w);
 
 enum class GoalKind { kDeadline, kEnergyBudget, kMaxThroughput, kMinEnergy };

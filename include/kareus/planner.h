@@ -87,6 +87,7 @@ class Planner {
 
   Workload w_;
   PartitionSet ps_;
+  std::string digest_;  ///< workload_digest(w_, ps_), shared by every plan
   std::optional<PartitionSet> seq_ps_;
   CachedProfiler& profiler_;
   PlannerOptions o_;

@@ -33,6 +33,9 @@ struct Measurement {
   double static_energy_j = 0;
 };
 
+/// Real profiling of one point: a 5 s measurement window plus a 5 s cool-down (brief section 4).
+inline constexpr double kRealSecondsPerPoint = 10.0;
+
 struct ProfilerOptions {
   std::string gpu;         ///< catalogue name (from the workload)
   double noise = 0.01;     ///< emulator: multiplicative measurement noise (std. dev.)

@@ -233,6 +233,14 @@ struct Arc {
 
 }  // namespace
 
+std::vector<FrontierPoint> pareto_frontier(const std::vector<FrontierPoint>& points) {
+  std::vector<Point2> pts;
+  for (const auto& p : points) pts.push_back({p.time_s, p.energy_j});
+  std::vector<FrontierPoint> front;
+  for (std::size_t i : pareto_front(pts)) front.push_back(points[i]);
+  return front;
+}
+
 std::vector<FrontierPoint> solve_frontier(const IterationDag& dag, const FrontierOptions& o,
                                           FrontierStats* stats) {
   const auto t_start = std::chrono::steady_clock::now();
@@ -339,7 +347,8 @@ std::vector<FrontierPoint> solve_frontier(const IterationDag& dag, const Frontie
   // that the frontier's fast end is exact even when options share a quantized duration.
   auto record = [&](long T_units, bool fastest = false) {
     std::vector<int> choice(n);
-    for (std::size_t i = 0; i < n; ++i) choice[i] = fastest ? act[i].stair.front() : act[i].snap(d[i]);
+    for (std::size_t i = 0; i < n; ++i)
+      choice[i] = fastest ? act[i].stair.front() : act[i].snap(d[i]);
     double M = 0;
     for (int u : topo) {
       const auto i = static_cast<std::size_t>(u);
@@ -493,11 +502,7 @@ std::vector<FrontierPoint> solve_frontier(const IterationDag& dag, const Frontie
 
   record(0, true);
 
-  // The frontier: Pareto set on (time, total energy), fastest first.
-  std::vector<Point2> pts;
-  for (const auto& p : points) pts.push_back({p.time_s, p.energy_j});
-  std::vector<FrontierPoint> front;
-  for (std::size_t i : pareto_front(pts)) front.push_back(points[i]);
+  std::vector<FrontierPoint> front = pareto_frontier(points);
   if (stats) {
     stats->iterations = iterations;
     stats->cuts_without_credit = stats_no_credit;

@@ -18,8 +18,9 @@ constexpr const char* kFormat = "kareus-plan";
 
 }  // namespace
 
-std::string workload_digest(const Workload& w) {
-  const PartitionSet ps = partition_workload(w);
+std::string workload_digest(const Workload& w) { return workload_digest(w, partition_workload(w)); }
+
+std::string workload_digest(const Workload& w, const PartitionSet& ps) {
   std::string text =
       fmt::format("{}|{}|{}|{}|{}|{}", w.gpu_name, w.parallel.pp, w.batch.micro_batches,
                   w.cluster.gpus(), w.parallel.dp, w.batch.nano_batches);

@@ -51,6 +51,7 @@ Planner::Planner(const Workload& w, CachedProfiler& profiler, PlannerOptions o,
                  PlannerProgress progress)
     : w_(w),
       ps_(partition_workload(w)),
+      digest_(workload_digest(w_, ps_)),
       profiler_(profiler),
       o_(std::move(o)),
       progress_(std::move(progress)) {
@@ -194,15 +195,13 @@ MethodFrontier Planner::frontier(Method m) {
       p.choice[i] = best;
     }
     p.time_s = mf.dag.makespan_s(p.choice);
-    p.energy_j = mf.dag.energy_j(p.choice);
-    p.dynamic_energy_j = p.energy_j - mf.dag.gpus * mf.dag.static_power_w * p.time_s;
+    for (std::size_t i = 0; i < p.choice.size(); ++i) {
+      p.dynamic_energy_j += mf.dag.nodes[i].options[static_cast<std::size_t>(p.choice[i])].energy_j;
+    }
+    p.energy_j = p.dynamic_energy_j + mf.dag.gpus * mf.dag.static_power_w * p.time_s;
     mf.points.push_back(std::move(p));
   }
-  std::vector<Point2> pts;
-  for (const auto& p : mf.points) pts.push_back({p.time_s, p.energy_j});
-  std::vector<FrontierPoint> front;
-  for (std::size_t i : pareto_front(pts)) front.push_back(mf.points[i]);
-  mf.points = std::move(front);
+  mf.points = pareto_frontier(mf.points);
   return mf;
 }
 
@@ -290,7 +289,7 @@ Plan Planner::make_plan(const MethodFrontier& f, std::size_t point, const std::s
   const FrontierPoint& fp = f.points.at(point);
   Plan p;
   p.workload = w_.name;
-  p.workload_digest = workload_digest(w_);
+  p.workload_digest = digest_;
   p.gpu = w_.gpu_name;
   p.gpus = w_.cluster.gpus();
   p.method = to_string(f.method);

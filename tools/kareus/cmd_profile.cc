@@ -14,9 +14,6 @@
 namespace kareus::cli {
 namespace {
 
-// Real profiling: a 5 s measurement window plus 5 s cool-down per point (brief section 4).
-constexpr double kRealSecondsPerPoint = 10.0;
-
 nlohmann::json measurement_json(const Measurement& m) {
   return {{"time_s", m.time_s},
           {"energy_j", m.energy_j},
