@@ -140,11 +140,23 @@ struct InstructionSettings {
 
 using SettingsFn = std::function<InstructionSettings(int stage, InstructionKind kind, int mb)>;
 
+/// When one instruction ran in the replay (seconds from the iteration start).
+struct InstructionTiming {
+  InstructionKind kind = InstructionKind::kForward;
+  int microbatch = 0;
+  int freq_mhz = 0;
+  double start_s = 0;         ///< dependencies met; a clock-switch stall, if any, starts here
+  double end_s = 0;           ///< start_s + (clock_switch ? clock_switch_s : 0) + run time
+  bool clock_switch = false;  ///< clock differs from the previous instruction's on the stage
+};
+
 struct StageResult {
   int stage = 0;
   double energy_j_per_gpu = 0;  ///< static included
   double dynamic_energy_j_per_gpu = 0;
-  double busy_time_s = 0;
+  double busy_time_s = 0;  ///< instructions, messages and reductions; stalls excluded
+  int clock_changes = 0;
+  std::vector<InstructionTiming> instructions;  ///< in 1F1B order
 };
 
 struct IterationResult {
@@ -164,9 +176,16 @@ InstructionCost emulate_instruction(const PartitionSet& ps, const EmulatorModel&
                                     ExecutionMode mode, int stage, InstructionKind kind,
                                     const InstructionSettings& s);
 
-/// Synchronous 1F1B over pp stages and micro-batches (Narayanan et al., SC '21).
+/// Synchronous 1F1B over pp stages and micro-batches (Narayanan et al., SC '21). When an
+/// instruction's clock differs from the previous instruction's on its stage, the stage first
+/// stalls `clock_switch_s` at static power once the instruction's inputs are ready (the
+/// controller is told at instruction begin). The first instruction of an iteration never pays:
+/// its clock is set during the previous iteration's optimizer step. This overload uses the
+/// GPU's catalogue value, m.gpu().clock_switch_s.
 IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, ExecutionMode mode,
                                   const SettingsFn& settings);
+IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, ExecutionMode mode,
+                                  const SettingsFn& settings, double clock_switch_s);
 
 /// The two reference schedules at a uniform clock: `megatron` (no nano-batches, kernels in
 /// order) and `nanobatch` (collective at the partition start with NCCL's default CTAs).

@@ -28,6 +28,9 @@ struct GpuSpec {
   double static_power_w = 0;            ///< power while blocked in a P2P receive (Kareus/Perseus)
   bool static_power_estimated = false;  ///< true where no measured figure is published
   double idle_power_w = 0;              ///< idle at the lowest clock
+  /// Time (s) from requesting a new locked SM clock until kernels run at it; the planner and
+  /// the iteration replay charge it as a stall at static power per clock change.
+  double clock_switch_s = 0;
 
   /// Every supported SM clock, ascending.
   std::vector<int> supported_freqs_mhz() const;

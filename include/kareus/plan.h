@@ -1,14 +1,25 @@
-// Executable plans: what a training job needs to run one frontier point. A plan is versioned
-// JSON: workload identity, goal, the predicted `iteration_time_s` and `energy_j` (whole job),
-// and per stage the ordered instructions, each with its micro-batch, SM clock and, per
-// partition, the collective's SM count and launch slot. The runtime (frequency controller and
-// plan executor) and `kareus emulate --plan` read the same file.
+// Executable plans, format version 2 (docs/formats.md is the reference): what a training job
+// needs to run one frontier point. A plan is JSON with
+//  - the workload's identity (name, digest, GPU, GPU count) and the parallel layout with the
+//    rank mapping (Megatron-LM's default order: tp fastest, then cp, then dp, then pp);
+//  - per pipeline stage: its global ranks, and its instructions in 1F1B order, each with its
+//    micro-batch, SM clock, predicted start/end (s from the iteration start) and, per partition,
+//    the collective's SM count, its launch slot (and the compute op it launches before), whether
+//    the partition is a recomputed forward block, and an optional per-layer `mix`;
+//  - the predicted iteration time and whole-job energy, including the clock-switch stalls the
+//    plan's clock sequence costs (`clock_switch_s` per change).
+// The runtime (C API, Python module, frequency controller) and `kareus emulate --plan` read the
+// same file. Loading with a workload validates every field against it; each violation throws
+// InvalidInput naming the file, the JSON path of the field and what is allowed.
+//
+// Thread-safety: plain value types; concurrent reads are safe.
 #pragma once
 
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kareus/emulator.h"
@@ -16,43 +27,123 @@
 
 namespace kareus {
 
+/// Global ranks of a job laid out as Megatron-LM's RankGenerator does by default (order
+/// "tp-cp-ep-dp-pp" with ep = 1): rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank)).
+/// So the ranks of pipeline stage s are the contiguous block [s*tp*cp*dp, (s+1)*tp*cp*dp).
+struct RankLayout {
+  static constexpr const char* kOrder = "tp-cp-dp-pp";  ///< fastest-varying first
+  int tp = 1, cp = 1, dp = 1, pp = 1;
+
+  struct Coords {
+    int tp = 0, cp = 0, dp = 0, pp = 0;
+    bool operator==(const Coords&) const = default;
+  };
+  int gpus() const { return tp * cp * dp * pp; }
+  int gpus_per_stage() const { return tp * cp * dp; }
+  /// Global rank of a coordinate (throws InvalidInput when a coordinate is out of range).
+  int rank(const Coords& c) const;
+  /// Coordinates of a global rank (throws InvalidInput unless 0 <= rank < gpus()).
+  Coords coords(int rank) const;
+  /// The global ranks of a pipeline stage, ascending.
+  std::vector<int> stage_ranks(int stage) const;
+  bool operator==(const RankLayout&) const = default;
+};
+
+/// One share of a per-layer choice: instances [first_instance, first_instance + instances) of
+/// the partition in this instruction, counted in execution order from 0, use this setting.
+struct PlanMixEntry {
+  int sms = 0;
+  std::string slot;
+  std::string slot_op;     ///< compute op before which the collective launches
+  int slot_op_index = 0;   ///< its index among the partition's compute ops
+  int first_instance = 0;  ///< first occurrence (0-based, execution order) using this entry
+  int instances = 0;
+  bool operator==(const PlanMixEntry&) const = default;
+};
+
+/// How one partition runs inside one instruction. The partition pairs one nano-batch's compute
+/// block with the other nano-batch's collective; the collective gets `sms` SMs (NCCL CTAs) and
+/// is launched right before compute op `slot_op` (index `slot_op_index`) of the block.
+struct PlanPartition {
+  int sms = 0;
+  std::string slot;       ///< launch slot name, one of Partition::slot_names()
+  std::string slot_op;    ///< compute op before which the collective launches
+  int slot_op_index = 0;  ///< its index among the partition's compute ops (0: block start)
+  /// A forward block re-run inside a backward instruction (full activation recompute).
+  bool recompute = false;
+  int instances = 0;  ///< occurrences of this partition per micro-batch in this instruction
+  /// Per-layer choices (planning with --per-layer); empty: every instance uses sms/slot.
+  /// Entries are in execution order and cover the instances exactly once.
+  std::vector<PlanMixEntry> mix;
+  bool operator==(const PlanPartition&) const = default;
+};
+
 struct PlanInstruction {
   InstructionKind kind = InstructionKind::kForward;
   int microbatch = 0;
-  int freq_mhz = 0;
-  double time_s = 0;                                      ///< predicted, one GPU
-  double dynamic_energy_j = 0;                            ///< predicted, one GPU
-  std::map<std::string, PartitionConfig> partitions;      ///< by key; freq_mhz = the instruction's
-  std::map<std::string, std::vector<ConfigShare>> mixes;  ///< per-layer choices, if any
+  int freq_mhz = 0;             ///< SM clock the instruction runs at
+  double time_s = 0;            ///< predicted run time, one GPU, without a clock-switch stall
+  double dynamic_energy_j = 0;  ///< predicted, one GPU
+  /// Predicted start and end, seconds from the iteration start on this stage's GPUs. When
+  /// `clock_switch` is set, the instruction first stalls clock_switch_s while the clock
+  /// changes: end_s = start_s + clock_switch_s + time_s.
+  double start_s = 0;
+  double end_s = 0;
+  bool clock_switch = false;  ///< the clock differs from the previous instruction's on the stage
+  std::map<std::string, PlanPartition> partitions;  ///< by partition key (empty if sequential)
+
+  /// The settings the emulator replays.
+  InstructionSettings settings() const;
 };
 
 struct PlanStage {
   int stage = 0;
+  std::vector<int> ranks;  ///< global ranks forming this stage (RankLayout::stage_ranks)
+  int clock_changes = 0;   ///< consecutive instructions with different clocks
+  double end_s = 0;        ///< predicted end of the stage's work, reductions included
   std::vector<PlanInstruction> instructions;  ///< in 1F1B execution order
+
+  /// The clock sequence, run-length compressed: (freq_mhz, consecutive instructions).
+  std::vector<std::pair<int, int>> clock_runs() const;
 };
 
 struct Plan {
-  static constexpr int kVersion = 1;
+  static constexpr int kVersion = 2;
   std::string workload;         ///< workload name
   std::string workload_digest;  ///< partition signatures: a plan only runs on its workload
   std::string gpu;
   int gpus = 0;
+  RankLayout layout;
   std::string method;  ///< kareus, perseus, nanobatch_perseus, ...
   ExecutionMode execution = ExecutionMode::kOverlapped;
-  std::string goal;  ///< e.g. "deadline 5.0 s", "max-throughput"
-  double iteration_time_s = 0;
-  double energy_j = 0;  ///< whole job, one iteration
+  std::string goal;             ///< e.g. "deadline 5.0 s", "max-throughput"
+  double iteration_time_s = 0;  ///< predicted, clock-switch stalls included
+  double energy_j = 0;          ///< predicted, whole job, one iteration
   double static_power_w = 0;
+  double clock_switch_s = 0;    ///< stall per clock change assumed by the prediction
+  double min_clock_hold_s = 0;  ///< planning option the clock sequence was built with
   std::vector<PlanStage> stages;
 
   nlohmann::json to_json() const;
+  /// Parses the structure (types, enums, version); no workload needed. `source` names the file
+  /// in error messages. A version-1 file is refused with a message saying how to re-create it.
   static Plan from_json(const nlohmann::json& j, const std::string& source);
   /// The instruction settings the emulator replays (throws InvalidInput if one is missing).
   InstructionSettings settings(int stage, InstructionKind kind, int microbatch) const;
+  /// The stage a global rank belongs to (throws InvalidInput when out of range).
+  int stage_of_rank(int rank) const;
+  int clock_changes() const;  ///< summed over stages
 };
 
-/// Reads a plan file; a malformed or foreign file throws InvalidInput naming the file and field.
+/// Reads a plan file and checks its structure only (for tools that have no workload).
 Plan load_plan(const std::string& path);
+/// Reads a plan file and validates it against the workload (validate_plan).
+Plan load_plan(const std::string& path, const Workload& w);
+/// Checks a plan against a workload: digest, GPU, rank layout, stage count, per-stage 1F1B
+/// instruction order, clocks the GPU supports, partition keys of each instruction, SM counts
+/// (1..kMaxCollectiveSms, the rule of src/search/space.cc), slot names, recompute flags, slot
+/// ops, instance counts and mixes. Throws InvalidInput "SOURCE: field 'PATH': what is allowed".
+void validate_plan(const Plan& p, const Workload& w, const std::string& source);
 void save_plan(const Plan& p, const std::string& path);
 
 /// A digest of a workload's partitions and shape, to tie plans to workloads.
@@ -69,5 +160,11 @@ struct Goal {
 
 /// Index of the frontier point that meets the goal, or nullopt if none does.
 std::optional<std::size_t> select_point(const std::vector<FrontierPoint>& frontier, const Goal& g);
+
+/// Human summary of a plan (`kareus plan show`): per stage the ranks, the run-length
+/// compressed clock sequence, the number of clock changes, the SM/slot choices per partition,
+/// predicted time and energy.
+std::string plan_summary_text(const Plan& p);
+nlohmann::json plan_summary_json(const Plan& p);
 
 }  // namespace kareus

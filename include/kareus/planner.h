@@ -37,6 +37,13 @@ struct PlannerOptions {
   double unit_s = 1e-3;        ///< solver time quantum
   bool per_layer = false;      ///< let each layer (instance) of a partition pick its configuration
   std::vector<int> freqs_mhz;  ///< empty: the GPU's default search range
+  /// Stall per SM-clock change (s) in every prediction; negative: the GPU's catalogue value
+  /// (GpuSpec::clock_switch_s), 0: clock changes are free (the paper's model).
+  double clock_switch_s = -1;
+  /// Plans keep each clock for at least this long (sum of the instruction times of a run of
+  /// equal clocks); shorter runs are merged into a neighbouring run (see hold_clocks). The
+  /// frontier also tries longer holds where merging pays for the switches it saves.
+  double min_clock_hold_s = 0;
 };
 
 /// Progress of the pipeline: (stage name, done, total).
@@ -57,9 +64,43 @@ struct MethodFrontier {
   IterationDag dag;
   /// Per DAG node: the instruction options behind its DAG options (empty for P2P/iteration).
   std::vector<std::vector<InstructionOption>> node_options;
+  /// Points re-evaluated with clock-switch stalls after hold_clocks; Pareto set, fastest first.
   std::vector<FrontierPoint> points;
+  /// The solver's points before that (clock changes free), for comparison.
+  std::vector<FrontierPoint> points_without_switch_cost;
+  double clock_switch_s = 0;  ///< stall per clock change used for `points`
+  double min_clock_hold_s = 0;
   FrontierStats stats;
 };
+
+/// Predicted schedule of a frontier point with clock-switch stalls (one entry per DAG node).
+struct ClockSchedule {
+  std::vector<double> start_s, end_s;  ///< end = start + (switch ? clock_switch_s : 0) + time
+  std::vector<bool> clock_switch;      ///< node stalls for a clock change before it runs
+  std::vector<int> clock_changes;      ///< per stage
+  double makespan_s = 0;
+  double dynamic_energy_j = 0;  ///< whole job
+  double energy_j = 0;          ///< dynamic + gpus x static power x makespan
+};
+
+/// Longest-path schedule of `choice` on the DAG where an instruction whose clock differs from
+/// the previous instruction on its stage first stalls `clock_switch_s` at static power (the
+/// same rule as emulate_iteration). Messages and reductions never switch clocks.
+ClockSchedule schedule_with_switches(const MethodFrontier& f, const std::vector<int>& choice,
+                                     double clock_switch_s);
+
+/// Per stage, repeatedly removes the shortest run of equal clocks (sum of its instruction
+/// times) shorter than `min_hold_s`: it takes the clock of its faster neighbour, or, when it is
+/// faster than its neighbours, its shorter neighbour takes its clock (so no instruction gets a
+/// slower clock). Instructions that change clock take, at the new clock, the least-energy
+/// option no slower than their current one, else the fastest. This repeats until every run
+/// lasts at least `min_hold_s` or the stage has one clock. Since the merge order does not
+/// depend on `min_hold_s`, a longer hold continues a shorter hold's merges: the number of clock
+/// changes never grows with `min_hold_s`.
+/// With `toward_faster` false, the same with the slower side (saves energy where there is
+/// slack; the frontier tries both).
+std::vector<int> hold_clocks(const MethodFrontier& f, const std::vector<int>& choice,
+                             double min_hold_s, bool toward_faster = true);
 
 class Planner {
  public:
@@ -70,7 +111,8 @@ class Planner {
   const std::vector<PartitionSearchSummary>& search_partitions();
   /// Stages 3-5 for one method.
   MethodFrontier frontier(Method m);
-  /// A frontier point as an executable plan.
+  /// A frontier point as an executable plan (format v2: rank mapping, slot ops, recompute
+  /// flags, predicted start/end per instruction with clock-switch stalls).
   Plan make_plan(const MethodFrontier& f, std::size_t point, const std::string& goal) const;
 
   const Workload& workload() const { return w_; }
@@ -82,6 +124,8 @@ class Planner {
   std::vector<InstructionOption> instruction_options(Method m, int stage, InstructionKind k,
                                                      bool per_instance);
   MethodFrontier frontier_with(Method m, bool per_instance);
+  MethodFrontier frontier_layers(Method m);  ///< uniform, or per-layer with the uniform points
+  void apply_clock_switch_cost(MethodFrontier& mf) const;
   PartitionOption segment_cost(const Segment& s, int freq_mhz);
   const PartitionSet& sequential_partitions();
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,11 @@ struct ProfilerOptions {
   std::uint64_t seed = 1;  ///< emulator: noise seed
   int delay_ms = 0;        ///< emulator: wall time each measurement takes
   std::string trace_path;  ///< trace: CSV file
+  // Real-GPU backends (cuda).
+  bool allow_clock_control = false;  ///< lock SM clocks; without it measure at the current clock
+  std::vector<int> devices = {};     ///< GPU indices of the partition's group; empty: 0..n-1
+  double window_s = 5.0;             ///< measurement window of the protocol
+  double cooldown_s = 5.0;           ///< cool-down after each point
 };
 
 class Profiler {
@@ -54,7 +60,18 @@ class Profiler {
   virtual std::string fingerprint() const = 0;
   virtual const GpuSpec& gpu() const = 0;
   virtual double static_power_w() const = 0;
+  /// Measures static power (the group's GPUs blocked on a receive whose sender sleeps, as the
+  /// Kareus artifact did); backends without a real device return static_power_w().
+  virtual double measure_static_power_w() { return static_power_w(); }
+  /// Set when the backend can only measure at one SM clock (a real GPU without clock control):
+  /// callers restrict the search to this clock and say so.
+  virtual std::optional<int> fixed_freq_mhz() const { return std::nullopt; }
   virtual Measurement measure(const Partition& p, const PartitionConfig& c) = 0;
+  /// False when the backend has no way to produce this point (trace: not in the file), so
+  /// that ask/tell profiling can ask for it instead of failing (CachedProfiler's ask mode).
+  virtual bool can_measure(const Partition& /*p*/, const PartitionConfig& /*c*/) const {
+    return true;
+  }
   /// A segment runs alone; `instance` distinguishes segments with the same name.
   virtual Measurement measure_segment(const Segment& s, int freq_mhz) = 0;
 };

@@ -56,6 +56,11 @@ struct SearchResult {
 /// Called after each measurement with (done, budget).
 using SearchProgress = std::function<void(int, int)>;
 
+/// Strategies measure through CachedProfiler::measure_batch, one call per batch (exhaustive and
+/// random: one batch; mbo: the initial design, then each refit's batch), and are deterministic
+/// given the seed and the measurements. So in ask mode a run stops at the first batch with
+/// missing points (MeasurementsNeeded carries all of them) and a rerun with those points added
+/// replays the same choices: ask/tell profiling reaches the front of a direct run.
 class SearchStrategy {
  public:
   virtual ~SearchStrategy() = default;

@@ -13,9 +13,24 @@
 #include <string>
 #include <vector>
 
+#include "kareus/error.h"
 #include "kareus/profiler.h"
 
 namespace kareus {
+
+/// Ask/tell profiling: a batch contains points the backend cannot produce (a trace that lacks
+/// them). Carries every such point of the batch, in the batch's order, so that the caller can
+/// have them measured elsewhere and rerun. Not an input error: the CLI maps it to exit code 3.
+class MeasurementsNeeded : public Error {
+ public:
+  MeasurementsNeeded(std::string partition, std::vector<PartitionConfig> configs);
+  const std::string& partition() const { return partition_; }  ///< Partition::key
+  const std::vector<PartitionConfig>& configs() const { return configs_; }
+
+ private:
+  std::string partition_;
+  std::vector<PartitionConfig> configs_;
+};
 
 struct StoreKey {
   std::string gpu;
@@ -57,10 +72,23 @@ class ProfileStore {
 /// measured and committed at once. Points already served in this run are remembered (also
 /// without a store), so a point is measured at most once. `measured` and `reused` count distinct
 /// points.
+///
+/// Ask mode (ask/tell profiling): measure_batch() first serves every point it can (memo, store,
+/// or a backend whose can_measure() is true) and then, if any point of the batch is missing,
+/// throws MeasurementsNeeded with all of them. Outside ask mode a batch is exactly a sequence of
+/// measure() calls.
 class CachedProfiler {
  public:
   CachedProfiler(Profiler& backend, ProfileStore* store) : backend_(backend), store_(store) {}
   Measurement measure(const Partition& p, const PartitionConfig& c);
+  /// Called as each point of a batch is served: (index in the batch, measurement).
+  using BatchCallback = std::function<void(std::size_t, const Measurement&)>;
+  /// Measures a batch in order; see the class comment for ask mode.
+  std::vector<Measurement> measure_batch(const Partition& p,
+                                         const std::vector<PartitionConfig>& configs,
+                                         const BatchCallback& on_point = {});
+  void set_ask_mode(bool on) { ask_ = on; }
+  bool ask_mode() const { return ask_; }
   Measurement measure_segment(const Segment& s, int freq_mhz);
   /// True when the point is already in the store (no measurement needed).
   bool stored(const Partition& p, const PartitionConfig& c) const;
@@ -77,6 +105,7 @@ class CachedProfiler {
   std::map<std::string, Measurement> memo_;
   int measured_ = 0;
   int reused_ = 0;
+  bool ask_ = false;
 };
 
 /// Signature of a segment's work (kernel shapes), for store keys.

@@ -4,6 +4,16 @@
 // then drains the remaining backwards. F(s,m) waits for F(s-1,m) plus the activation message,
 // B(s,m) for B(s+1,m) plus the gradient message. A GPU that waits burns static power only,
 // which is how pipeline bubbles cost energy.
+//
+// Clock changes: when an instruction's SM clock differs from the previous instruction's on the
+// same stage, the stage stalls `clock_switch_s` at static power once the instruction's inputs
+// are ready, then runs it. This is the pessimistic reading of a locked-clock call that takes
+// 10-20 ms (src/hw/catalogue.cc, [SWITCH]): a controller that applies clocks asynchronously
+// (Perseus) instead keeps running at the old clock during the change, which costs less time
+// but runs that part of the instruction at the wrong clock. The stall keeps the accounting
+// exact and simple: every change on the critical path adds exactly clock_switch_s. The first
+// instruction of an iteration never pays: its clock is set during the previous iteration's
+// optimizer step, which the plan does not cover.
 #include <fmt/format.h>
 
 #include <map>
@@ -80,6 +90,14 @@ InstructionCost emulate_instruction(const PartitionSet& ps, const EmulatorModel&
 
 IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, ExecutionMode mode,
                                   const SettingsFn& settings) {
+  return emulate_iteration(w, m, mode, settings, m.gpu().clock_switch_s);
+}
+
+IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, ExecutionMode mode,
+                                  const SettingsFn& settings, double clock_switch_s) {
+  if (!(clock_switch_s >= 0)) {
+    throw InvalidInput(fmt::format("clock switch time {} s: must be >= 0", clock_switch_s));
+  }
   Workload wl = w;
   if (mode == ExecutionMode::kSequential) wl.batch.nano_batches = 1;
   const PartitionSet ps = partition_workload(wl);
@@ -93,8 +111,7 @@ IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, Exe
 
   // Instruction costs, memoized per distinct settings.
   std::map<std::string, InstructionCost> memo;
-  auto cost_of = [&](int s, InstructionKind k, int mb) {
-    const InstructionSettings st = settings(s, k, mb);
+  auto cost_of = [&](int s, InstructionKind k, const InstructionSettings& st) {
     std::string key = fmt::format("{}|{}|{}", s, static_cast<int>(k), st.freq_mhz);
     for (const auto& [pk, c] : st.partitions) key += fmt::format("|{}:{}:{}", pk, c.sms, c.slot);
     for (const auto& [pk, shares] : st.mixes) {
@@ -114,6 +131,8 @@ IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, Exe
       bend(pp, std::vector<double>(mbs, -1));
   std::vector<std::size_t> next(pp, 0);
   std::vector<double> clock(pp, 0.0), dyn(pp, 0.0), busy(pp, 0.0);
+  std::vector<int> last_freq(pp, 0), changes(pp, 0);
+  std::vector<std::vector<InstructionTiming>> timing(static_cast<std::size_t>(pp));
   bool progress = true;
   while (progress) {
     progress = false;
@@ -131,8 +150,14 @@ IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, Exe
           if (bend[s + 1][mb] < 0) break;
           ready = std::max(ready, bend[s + 1][mb] + p2p_t);
         }
-        const InstructionCost c = cost_of(s, kind, mb);
-        const double end = ready + c.time_s;
+        const InstructionSettings st = settings(s, kind, mb);
+        const InstructionCost c = cost_of(s, kind, st);
+        const bool switches = last_freq[s] != 0 && st.freq_mhz != last_freq[s];
+        last_freq[s] = st.freq_mhz;
+        if (switches) ++changes[s];
+        const double end = ready + (switches ? clock_switch_s : 0.0) + c.time_s;
+        timing[static_cast<std::size_t>(s)].push_back(
+            {kind, mb, st.freq_mhz, ready, end, switches});
         (kind == InstructionKind::kForward ? fend : bend)[s][mb] = end;
         clock[s] = end;
         dyn[s] += c.dynamic_energy_j;
@@ -164,6 +189,8 @@ IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, Exe
     sr.dynamic_energy_j_per_gpu = dyn[s];
     sr.energy_j_per_gpu = dyn[s] + m.gpu().static_power_w * res.iteration_time_s;
     sr.busy_time_s = busy[s];
+    sr.clock_changes = changes[s];
+    sr.instructions = std::move(timing[static_cast<std::size_t>(s)]);
     res.energy_j += sr.energy_j_per_gpu * gpus_per_stage;
     res.stages.push_back(sr);
   }

@@ -150,9 +150,11 @@ WorkloadEvaluation evaluate_workload(const Workload& w, CachedProfiler& profiler
   for (const auto& [name, k] : chosen) {
     const Ref& r = merged[k];
     Plan p = planner.make_plan(f[r.m], r.i, name);
+    // Replayed with the switch cost the plan was made with (the GPU's, unless overridden).
     const IterationResult rep = emulate_iteration(
         w, model, p.execution,
-        [&p](int s, InstructionKind kind, int mb) { return p.settings(s, kind, mb); });
+        [&p](int s, InstructionKind kind, int mb) { return p.settings(s, kind, mb); },
+        p.clock_switch_s);
     e.replays.push_back({name, p.iteration_time_s, rep.iteration_time_s, p.energy_j, rep.energy_j});
     e.plans.emplace(name, std::move(p));
   }

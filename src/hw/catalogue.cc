@@ -9,6 +9,12 @@
 //            at 210 MHz about 52 W; search range 900..max in 30 MHz steps.
 //  [NCCL]    NCCL tuning model and nccl-tests: A100 ring bus bandwidth about 230 GB/s with 24
 //            channels; H100 about 370 GB/s; H200 about 475 GB/s (NVLS).
+//  [SWITCH]  Clock-change latency: nvmlDeviceSetGpuLockedClocks calls are reported at 10-20 ms
+//            (issue 10; Perseus applies clocks asynchronously for this reason, Chung et al.,
+//            SOSP '24); Velicka, Vysocky, Riha, "Methodology for GPU Frequency Switching
+//            Latency Measurement" (arXiv 2502.20075, 2025) measure it on A100 and GH200 and
+//            find it depends mostly on the target clock. We use 15 ms, the middle of that
+//            range, for every GPU (an estimate; `--clock-switch-ms` overrides it).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -42,6 +48,7 @@ std::vector<GpuSpec> make_catalogue() {
   a100.power_limit_w = 400;
   a100.static_power_w = 85;
   a100.idle_power_w = 52;
+  a100.clock_switch_s = 15e-3;  // [SWITCH]
   c.push_back(a100);
 
   GpuSpec a100_80 = a100;
@@ -69,7 +76,8 @@ std::vector<GpuSpec> make_catalogue() {
   a40.tdp_w = 300;
   a40.power_limit_w = 300;
   a40.static_power_w = 70;
-  a40.idle_power_w = 30;  // estimate
+  a40.idle_power_w = 30;       // estimate
+  a40.clock_switch_s = 15e-3;  // [SWITCH]
   c.push_back(a40);
 
   GpuSpec h100;
@@ -92,7 +100,8 @@ std::vector<GpuSpec> make_catalogue() {
   h100.power_limit_w = 700;
   h100.static_power_w = 110;  // estimate: no published blocking-power figure
   h100.static_power_estimated = true;
-  h100.idle_power_w = 70;  // estimate
+  h100.idle_power_w = 70;       // estimate
+  h100.clock_switch_s = 15e-3;  // [SWITCH]
   c.push_back(h100);
 
   GpuSpec h200 = h100;

@@ -1,22 +1,147 @@
-// Plan files: JSON with a format tag and version, validated on load so that a plan from another
-// workload or a damaged file is refused with a message naming the file and the field.
+// Plan files, format version 2 (docs/formats.md): JSON with a format tag and version. Parsing
+// checks the structure and names the JSON path of a bad field; validate_plan then checks every
+// value against the workload (digest, rank layout, 1F1B order, clocks, partition keys, SM
+// counts, slots, recompute flags), so that a plan that cannot run as written is refused before
+// anything replays or applies it.
 #include "kareus/plan.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "kareus/error.h"
 #include "kareus/hash.h"
 #include "kareus/partition.h"
+#include "kareus/search_space.h"
+#include "kareus/table.h"
 
 namespace kareus {
 
 namespace {
 constexpr const char* kFormat = "kareus-plan";
 
+std::string join_path(const std::string& path, const std::string& key) {
+  return path.empty() ? key : path + "." + key;
+}
+
+std::string index_path(const std::string& path, std::size_t i) {
+  return fmt::format("{}[{}]", path, i);
+}
+
+// Reads typed fields and names the JSON path of the first one that is missing or mistyped.
+class Reader {
+ public:
+  explicit Reader(const std::string& source) : source_(source) {}
+  [[noreturn]] void fail(const std::string& path, const std::string& what) const {
+    throw InvalidInput(fmt::format("{}: field '{}': {}", source_, path, what));
+  }
+  const nlohmann::json& at(const nlohmann::json& j, const std::string& key,
+                           const std::string& path) const {
+    if (!j.is_object()) fail(path.empty() ? "<top level>" : path, "expected a JSON object");
+    auto it = j.find(key);
+    if (it == j.end()) fail(join_path(path, key), "missing");
+    return *it;
+  }
+  const nlohmann::json& array(const nlohmann::json& j, const std::string& key,
+                              const std::string& path) const {
+    const auto& a = at(j, key, path);
+    if (!a.is_array()) fail(join_path(path, key), "expected an array");
+    return a;
+  }
+  int integer(const nlohmann::json& j, const std::string& key, const std::string& path) const {
+    const auto& v = at(j, key, path);
+    if (!v.is_number_integer()) fail(join_path(path, key), "expected an integer");
+    return v.get<int>();
+  }
+  double number(const nlohmann::json& j, const std::string& key, const std::string& path) const {
+    const auto& v = at(j, key, path);
+    if (!v.is_number()) fail(join_path(path, key), "expected a number");
+    return v.get<double>();
+  }
+  std::string text(const nlohmann::json& j, const std::string& key, const std::string& path) const {
+    const auto& v = at(j, key, path);
+    if (!v.is_string()) fail(join_path(path, key), "expected a string");
+    return v.get<std::string>();
+  }
+  bool boolean(const nlohmann::json& j, const std::string& key, const std::string& path) const {
+    const auto& v = at(j, key, path);
+    if (!v.is_boolean()) fail(join_path(path, key), "expected true or false");
+    return v.get<bool>();
+  }
+
+ private:
+  const std::string& source_;
+};
+
 }  // namespace
+
+int RankLayout::rank(const Coords& c) const {
+  if (c.tp < 0 || c.tp >= tp || c.cp < 0 || c.cp >= cp || c.dp < 0 || c.dp >= dp || c.pp < 0 ||
+      c.pp >= pp) {
+    throw InvalidInput(fmt::format(
+        "rank coordinates (tp {}, cp {}, dp {}, pp {}) outside the layout tp={} cp={} dp={} pp={}",
+        c.tp, c.cp, c.dp, c.pp, tp, cp, dp, pp));
+  }
+  return c.tp + tp * (c.cp + cp * (c.dp + dp * c.pp));
+}
+
+RankLayout::Coords RankLayout::coords(int r) const {
+  if (r < 0 || r >= gpus()) {
+    throw InvalidInput(fmt::format("rank {}: allowed 0..{}", r, gpus() - 1));
+  }
+  Coords c;
+  c.tp = r % tp;
+  r /= tp;
+  c.cp = r % cp;
+  r /= cp;
+  c.dp = r % dp;
+  c.pp = r / dp;
+  return c;
+}
+
+std::vector<int> RankLayout::stage_ranks(int stage) const {
+  if (stage < 0 || stage >= pp) {
+    throw InvalidInput(fmt::format("stage {}: allowed 0..{}", stage, pp - 1));
+  }
+  std::vector<int> out;
+  for (int i = 0; i < gpus_per_stage(); ++i) out.push_back(stage * gpus_per_stage() + i);
+  return out;
+}
+
+std::vector<std::pair<int, int>> PlanStage::clock_runs() const {
+  std::vector<std::pair<int, int>> runs;
+  for (const auto& in : instructions) {
+    if (!runs.empty() && runs.back().first == in.freq_mhz) {
+      ++runs.back().second;
+    } else {
+      runs.push_back({in.freq_mhz, 1});
+    }
+  }
+  return runs;
+}
+
+InstructionSettings PlanInstruction::settings() const {
+  InstructionSettings s;
+  s.freq_mhz = freq_mhz;
+  for (const auto& [key, pp] : partitions) {
+    s.partitions[key] = {freq_mhz, pp.sms, pp.slot};
+    for (const auto& e : pp.mix) {
+      s.mixes[key].push_back({{freq_mhz, e.sms, e.slot}, e.instances});
+    }
+  }
+  return s;
+}
+
+int Plan::stage_of_rank(int rank) const { return layout.coords(rank).pp; }
+
+int Plan::clock_changes() const {
+  int n = 0;
+  for (const auto& s : stages) n += s.clock_changes;
+  return n;
+}
 
 std::string workload_digest(const Workload& w) { return workload_digest(w, partition_workload(w)); }
 
@@ -73,110 +198,335 @@ nlohmann::json Plan::to_json() const {
   j["format"] = kFormat;
   j["version"] = kVersion;
   j["workload"] = {{"name", workload}, {"digest", workload_digest}, {"gpu", gpu}, {"gpus", gpus}};
+  j["parallel"] = {{"tp", layout.tp},
+                   {"cp", layout.cp},
+                   {"dp", layout.dp},
+                   {"pp", layout.pp},
+                   {"rank_order", RankLayout::kOrder},
+                   {"rank_formula", "tp_rank + tp*(cp_rank + cp*(dp_rank + dp*pp_rank))"}};
   j["method"] = method;
   j["execution"] = execution == ExecutionMode::kOverlapped ? "overlapped" : "sequential";
   j["goal"] = goal;
   j["iteration_time_s"] = iteration_time_s;
   j["energy_j"] = energy_j;
   j["static_power_w"] = static_power_w;
+  j["clock_switch_s"] = clock_switch_s;
+  j["min_clock_hold_s"] = min_clock_hold_s;
   j["stages"] = nlohmann::json::array();
   for (const auto& s : stages) {
-    nlohmann::json sj = {{"stage", s.stage}, {"instructions", nlohmann::json::array()}};
+    nlohmann::json sj = {{"stage", s.stage},
+                         {"ranks", s.ranks},
+                         {"clock_changes", s.clock_changes},
+                         {"end_s", s.end_s},
+                         {"instructions", nlohmann::json::array()}};
     for (const auto& in : s.instructions) {
       nlohmann::json ij = {{"instruction", to_string(in.kind)},
                            {"microbatch", in.microbatch},
                            {"freq_mhz", in.freq_mhz},
+                           {"clock_switch", in.clock_switch},
+                           {"start_s", in.start_s},
+                           {"end_s", in.end_s},
                            {"time_s", in.time_s},
                            {"dynamic_energy_j", in.dynamic_energy_j},
                            {"partitions", nlohmann::json::object()}};
       for (const auto& [key, c] : in.partitions) {
-        ij["partitions"][key] = {{"sms", c.sms}, {"slot", c.slot}};
-        auto mix = in.mixes.find(key);
-        if (mix == in.mixes.end()) continue;
-        // Per-layer choice: the first `instances` occurrences use the first entry, and so on.
-        for (const auto& sh : mix->second) {
-          ij["partitions"][key]["mix"].push_back(
-              {{"sms", sh.config.sms}, {"slot", sh.config.slot}, {"instances", sh.instances}});
+        nlohmann::json pj = {{"sms", c.sms},
+                             {"slot", c.slot},
+                             {"launch_before", {{"op", c.slot_op}, {"index", c.slot_op_index}}},
+                             {"recompute", c.recompute},
+                             {"instances", c.instances}};
+        for (const auto& e : c.mix) {
+          pj["mix"].push_back({{"sms", e.sms},
+                               {"slot", e.slot},
+                               {"launch_before", {{"op", e.slot_op}, {"index", e.slot_op_index}}},
+                               {"first_instance", e.first_instance},
+                               {"instances", e.instances}});
         }
+        ij["partitions"][key] = std::move(pj);
       }
-      sj["instructions"].push_back(ij);
+      sj["instructions"].push_back(std::move(ij));
     }
-    j["stages"].push_back(sj);
+    j["stages"].push_back(std::move(sj));
   }
   return j;
 }
 
 Plan Plan::from_json(const nlohmann::json& j, const std::string& source) {
-  auto fail = [&](const std::string& field, const std::string& what) -> void {
-    throw InvalidInput(fmt::format("{}: field '{}': {}", source, field, what));
-  };
+  const Reader r(source);
   Plan p;
-  try {
-    if (!j.is_object()) fail("<top level>", "expected a JSON object (a Kareus plan)");
-    if (j.value("format", "") != kFormat) fail("format", fmt::format("expected '{}'", kFormat));
-    if (j.at("version").get<int>() != kVersion) {
-      fail("version", fmt::format("{} is not supported (this build reads version {})",
-                                  j.at("version").dump(), kVersion));
+  if (!j.is_object()) r.fail("<top level>", "expected a JSON object (a Kareus plan)");
+  if (!j.contains("format") || !j["format"].is_string() || j["format"] != kFormat) {
+    r.fail("format", fmt::format("expected '{}' (not a Kareus plan)", kFormat));
+  }
+  const int version = r.integer(j, "version", "");
+  if (version == 1) {
+    r.fail("version",
+           "plan format 1 is no longer read: it has no rank mapping, slot semantics or predicted "
+           "start times and was not validated; re-create it with `kareus plan WORKLOAD ... --out "
+           "PLAN` (this build writes and reads version 2)");
+  }
+  if (version != kVersion) {
+    r.fail("version",
+           fmt::format("{} is not supported (this build reads version {})", version, kVersion));
+  }
+  const auto& w = r.at(j, "workload", "");
+  p.workload = r.text(w, "name", "workload");
+  p.workload_digest = r.text(w, "digest", "workload");
+  p.gpu = r.text(w, "gpu", "workload");
+  p.gpus = r.integer(w, "gpus", "workload");
+  const auto& par = r.at(j, "parallel", "");
+  p.layout.tp = r.integer(par, "tp", "parallel");
+  p.layout.cp = r.integer(par, "cp", "parallel");
+  p.layout.dp = r.integer(par, "dp", "parallel");
+  p.layout.pp = r.integer(par, "pp", "parallel");
+  for (const auto& [name, v] : {std::pair{"tp", p.layout.tp}, std::pair{"cp", p.layout.cp},
+                                std::pair{"dp", p.layout.dp}, std::pair{"pp", p.layout.pp}}) {
+    if (v < 1) r.fail(join_path("parallel", name), fmt::format("{}: must be >= 1", v));
+  }
+  if (r.text(par, "rank_order", "parallel") != RankLayout::kOrder) {
+    r.fail("parallel.rank_order",
+           fmt::format("allowed: '{}' (Megatron-LM's default order)", RankLayout::kOrder));
+  }
+  p.method = r.text(j, "method", "");
+  const std::string ex = r.text(j, "execution", "");
+  if (ex == "overlapped") {
+    p.execution = ExecutionMode::kOverlapped;
+  } else if (ex == "sequential") {
+    p.execution = ExecutionMode::kSequential;
+  } else {
+    r.fail("execution", fmt::format("'{}': allowed: overlapped, sequential", ex));
+  }
+  p.goal = j.contains("goal") ? r.text(j, "goal", "") : "";
+  p.iteration_time_s = r.number(j, "iteration_time_s", "");
+  p.energy_j = r.number(j, "energy_j", "");
+  p.static_power_w = r.number(j, "static_power_w", "");
+  p.clock_switch_s = r.number(j, "clock_switch_s", "");
+  if (p.clock_switch_s < 0) r.fail("clock_switch_s", "must be >= 0");
+  p.min_clock_hold_s = r.number(j, "min_clock_hold_s", "");
+  const auto& stages = r.array(j, "stages", "");
+  for (std::size_t si = 0; si < stages.size(); ++si) {
+    const std::string sp = index_path("stages", si);
+    const auto& sj = stages[si];
+    PlanStage s;
+    s.stage = r.integer(sj, "stage", sp);
+    for (std::size_t k = 0; k < r.array(sj, "ranks", sp).size(); ++k) {
+      const auto& v = sj["ranks"][k];
+      if (!v.is_number_integer()) r.fail(index_path(sp + ".ranks", k), "expected an integer");
+      s.ranks.push_back(v.get<int>());
     }
-    const auto& w = j.at("workload");
-    p.workload = w.at("name").get<std::string>();
-    p.workload_digest = w.at("digest").get<std::string>();
-    p.gpu = w.at("gpu").get<std::string>();
-    p.gpus = w.at("gpus").get<int>();
-    p.method = j.at("method").get<std::string>();
-    const std::string ex = j.at("execution").get<std::string>();
-    if (ex == "overlapped") {
-      p.execution = ExecutionMode::kOverlapped;
-    } else if (ex == "sequential") {
-      p.execution = ExecutionMode::kSequential;
-    } else {
-      fail("execution", "allowed: overlapped, sequential");
-    }
-    p.goal = j.value("goal", "");
-    p.iteration_time_s = j.at("iteration_time_s").get<double>();
-    p.energy_j = j.at("energy_j").get<double>();
-    p.static_power_w = j.at("static_power_w").get<double>();
-    for (const auto& sj : j.at("stages")) {
-      PlanStage s;
-      s.stage = sj.at("stage").get<int>();
-      for (const auto& ij : sj.at("instructions")) {
-        PlanInstruction in;
-        const std::string kind = ij.at("instruction").get<std::string>();
-        if (kind != "forward" && kind != "backward") {
-          fail("stages[].instructions[].instruction", "allowed: forward, backward");
-        }
-        in.kind = kind == "forward" ? InstructionKind::kForward : InstructionKind::kBackward;
-        in.microbatch = ij.at("microbatch").get<int>();
-        in.freq_mhz = ij.at("freq_mhz").get<int>();
-        in.time_s = ij.value("time_s", 0.0);
-        in.dynamic_energy_j = ij.value("dynamic_energy_j", 0.0);
-        for (const auto& [key, c] : ij.at("partitions").items()) {
-          in.partitions[key] = {in.freq_mhz, c.at("sms").get<int>(),
-                                c.at("slot").get<std::string>()};
-          if (!c.contains("mix")) continue;
-          for (const auto& sh : c.at("mix")) {
-            in.mixes[key].push_back(
-                {{in.freq_mhz, sh.at("sms").get<int>(), sh.at("slot").get<std::string>()},
-                 sh.at("instances").get<int>()});
+    s.clock_changes = r.integer(sj, "clock_changes", sp);
+    s.end_s = r.number(sj, "end_s", sp);
+    const auto& instrs = r.array(sj, "instructions", sp);
+    for (std::size_t ii = 0; ii < instrs.size(); ++ii) {
+      const std::string ip = index_path(sp + ".instructions", ii);
+      const auto& ij = instrs[ii];
+      PlanInstruction in;
+      const std::string kind = r.text(ij, "instruction", ip);
+      if (kind != "forward" && kind != "backward") {
+        r.fail(ip + ".instruction", fmt::format("'{}': allowed: forward, backward", kind));
+      }
+      in.kind = kind == "forward" ? InstructionKind::kForward : InstructionKind::kBackward;
+      in.microbatch = r.integer(ij, "microbatch", ip);
+      in.freq_mhz = r.integer(ij, "freq_mhz", ip);
+      in.clock_switch = r.boolean(ij, "clock_switch", ip);
+      in.start_s = r.number(ij, "start_s", ip);
+      in.end_s = r.number(ij, "end_s", ip);
+      in.time_s = r.number(ij, "time_s", ip);
+      in.dynamic_energy_j = r.number(ij, "dynamic_energy_j", ip);
+      const auto& parts = r.at(ij, "partitions", ip);
+      if (!parts.is_object()) r.fail(ip + ".partitions", "expected an object keyed by partition");
+      for (const auto& [key, c] : parts.items()) {
+        const std::string pp = ip + ".partitions." + key;
+        PlanPartition part;
+        part.sms = r.integer(c, "sms", pp);
+        part.slot = r.text(c, "slot", pp);
+        const auto& lb = r.at(c, "launch_before", pp);
+        part.slot_op = r.text(lb, "op", pp + ".launch_before");
+        part.slot_op_index = r.integer(lb, "index", pp + ".launch_before");
+        part.recompute = r.boolean(c, "recompute", pp);
+        part.instances = r.integer(c, "instances", pp);
+        if (c.contains("mix")) {
+          const auto& mix = r.array(c, "mix", pp);
+          for (std::size_t mi = 0; mi < mix.size(); ++mi) {
+            const std::string mp = index_path(pp + ".mix", mi);
+            PlanMixEntry e;
+            e.sms = r.integer(mix[mi], "sms", mp);
+            e.slot = r.text(mix[mi], "slot", mp);
+            const auto& mlb = r.at(mix[mi], "launch_before", mp);
+            e.slot_op = r.text(mlb, "op", mp + ".launch_before");
+            e.slot_op_index = r.integer(mlb, "index", mp + ".launch_before");
+            e.first_instance = r.integer(mix[mi], "first_instance", mp);
+            e.instances = r.integer(mix[mi], "instances", mp);
+            part.mix.push_back(std::move(e));
           }
         }
-        s.instructions.push_back(std::move(in));
+        in.partitions.emplace(key, std::move(part));
       }
-      p.stages.push_back(std::move(s));
+      s.instructions.push_back(std::move(in));
     }
-  } catch (const nlohmann::json::exception& e) {
-    throw InvalidInput(fmt::format("{}: not a valid Kareus plan ({})", source, e.what()));
+    p.stages.push_back(std::move(s));
   }
   return p;
+}
+
+namespace {
+
+// Checks one partition setting (top level or a mix entry) against the workload's partition.
+void check_setting(const Reader& r, const std::string& path, const Partition& part, int sms,
+                   const std::string& slot, const std::string& slot_op, int slot_op_index) {
+  // One rule for SM counts, shared with the search space and `kareus profile`
+  // (src/search/space.cc): 1..kMaxCollectiveSms, NCCL's channel limit.
+  if (sms < 1 || sms > kMaxCollectiveSms) {
+    r.fail(path + ".sms",
+           fmt::format("{}: allowed 1..{} (NCCL's channel limit); the search default for this "
+                       "{} is {}",
+                       sms, kMaxCollectiveSms, to_string(part.collective.collective),
+                       fmt::join(default_collective_sms(part.collective.collective), ",")));
+  }
+  const Slot* found = nullptr;
+  for (const auto& s : part.slots) {
+    if (s.name == slot) found = &s;
+  }
+  if (!found) {
+    r.fail(path + ".slot", fmt::format("'{}': partition {} has launch slots {}", slot, part.key,
+                                       fmt::join(part.slot_names(), ", ")));
+  }
+  const auto& op = part.compute_ops.at(static_cast<std::size_t>(found->op_index));
+  if (slot_op != op.name || slot_op_index != found->op_index) {
+    r.fail(path + ".launch_before",
+           fmt::format("slot '{}' of {} launches before op '{}' (index {}), not '{}' (index {})",
+                       slot, part.key, op.name, found->op_index, slot_op, slot_op_index));
+  }
+}
+
+}  // namespace
+
+void validate_plan(const Plan& p, const Workload& w, const std::string& source) {
+  const Reader r(source);
+  const PartitionSet ps = partition_workload(w);
+  const std::string digest = workload_digest(w, ps);
+  if (p.workload_digest != digest) {
+    r.fail(
+        "workload.digest",
+        fmt::format("the plan was made for workload '{}' (digest {}), not for {} (digest {}); "
+                    "plan this workload with `kareus plan`",
+                    p.workload, p.workload_digest, w.source.empty() ? w.name : w.source, digest));
+  }
+  if (p.gpu != w.gpu_name) {
+    r.fail("workload.gpu", fmt::format("'{}': the workload runs on '{}'", p.gpu, w.gpu_name));
+  }
+  if (p.gpus != w.cluster.gpus()) {
+    r.fail("workload.gpus", fmt::format("{}: the workload has {} GPUs", p.gpus, w.cluster.gpus()));
+  }
+  const RankLayout want{w.parallel.tp, w.parallel.cp, w.parallel.dp, w.parallel.pp};
+  if (!(p.layout == want)) {
+    r.fail("parallel", fmt::format("tp={} cp={} dp={} pp={}: the workload has tp={} cp={} dp={} "
+                                   "pp={}",
+                                   p.layout.tp, p.layout.cp, p.layout.dp, p.layout.pp, want.tp,
+                                   want.cp, want.dp, want.pp));
+  }
+  const GpuSpec& gpu = w.gpu();
+  const int pp = w.parallel.pp, mbs = w.batch.micro_batches;
+  if (static_cast<int>(p.stages.size()) != pp) {
+    r.fail("stages", fmt::format("{} stages: the workload has pp = {}", p.stages.size(), pp));
+  }
+  for (int s = 0; s < pp; ++s) {
+    const PlanStage& st = p.stages[static_cast<std::size_t>(s)];
+    const std::string sp = index_path("stages", static_cast<std::size_t>(s));
+    if (st.stage != s) r.fail(sp + ".stage", fmt::format("{}: expected {}", st.stage, s));
+    if (st.ranks != want.stage_ranks(s)) {
+      r.fail(sp + ".ranks",
+             fmt::format("[{}]: stage {} is ranks [{}] (order {})", fmt::join(st.ranks, ","), s,
+                         fmt::join(want.stage_ranks(s), ","), RankLayout::kOrder));
+    }
+    const auto order = one_f_one_b_order(s, pp, mbs);
+    if (st.instructions.size() != order.size()) {
+      r.fail(sp + ".instructions",
+             fmt::format("{} instructions: stage {} of the workload's 1F1B schedule has {} ({} "
+                         "forward and {} backward)",
+                         st.instructions.size(), s, order.size(), mbs, mbs));
+    }
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      const PlanInstruction& in = st.instructions[i];
+      const std::string ip = index_path(sp + ".instructions", i);
+      if (in.kind != order[i].first || in.microbatch != order[i].second) {
+        r.fail(ip, fmt::format("{} of micro-batch {}: the 1F1B schedule runs {} of micro-batch "
+                               "{} here",
+                               to_string(in.kind), in.microbatch, to_string(order[i].first),
+                               order[i].second));
+      }
+      if (!gpu.supports_freq(in.freq_mhz)) {
+        r.fail(ip + ".freq_mhz",
+               fmt::format("{}: {} supports {}..{} MHz in {} MHz steps", in.freq_mhz, gpu.name,
+                           gpu.min_freq_mhz, gpu.max_freq_mhz, gpu.freq_step_mhz));
+      }
+      if (p.execution == ExecutionMode::kSequential) {
+        if (!in.partitions.empty()) {
+          r.fail(ip + ".partitions", "a sequential plan runs no partitions: expected {}");
+        }
+        continue;
+      }
+      // The instruction's partitions and their instance counts, in execution order.
+      std::map<std::string, int> count;
+      std::vector<std::string> keys;
+      for (const auto& step : ps.instruction(s, in.kind).steps) {
+        if (step.kind != Step::Kind::kPartition) continue;
+        const auto& key = ps.partitions[static_cast<std::size_t>(step.index)].key;
+        if (count[key]++ == 0) keys.push_back(key);
+      }
+      for (const auto& [key, c] : in.partitions) {
+        if (!count.count(key)) {
+          r.fail(ip + ".partitions." + key,
+                 fmt::format("unknown partition; this {} instruction has {}", to_string(in.kind),
+                             fmt::join(keys, ", ")));
+        }
+      }
+      for (const auto& key : keys) {
+        auto it = in.partitions.find(key);
+        const std::string pp_path = ip + ".partitions." + key;
+        if (it == in.partitions.end()) r.fail(pp_path, "missing (every partition needs a setting)");
+        const PlanPartition& c = it->second;
+        const Partition& part = ps.partition(key);
+        check_setting(r, pp_path, part, c.sms, c.slot, c.slot_op, c.slot_op_index);
+        const bool recompute =
+            in.kind == InstructionKind::kBackward && part.direction == InstructionKind::kForward;
+        if (c.recompute != recompute) {
+          r.fail(pp_path + ".recompute", fmt::format("{}: partition {} in a {} instruction is {}",
+                                                     c.recompute, key, to_string(in.kind),
+                                                     recompute ? "a recomputed forward block (true)"
+                                                               : "not recomputed "
+                                                                 "(false)"));
+        }
+        if (c.instances != count[key]) {
+          r.fail(pp_path + ".instances",
+                 fmt::format("{}: the instruction runs {} instances", c.instances, count[key]));
+        }
+        int next = 0;
+        for (std::size_t mi = 0; mi < c.mix.size(); ++mi) {
+          const auto& e = c.mix[mi];
+          const std::string mp = index_path(pp_path + ".mix", mi);
+          check_setting(r, mp, part, e.sms, e.slot, e.slot_op, e.slot_op_index);
+          if (e.first_instance != next || e.instances < 1) {
+            r.fail(mp, fmt::format("instances {}..{}: mix entries cover the instances in "
+                                   "execution order, this one must start at {} with at least 1",
+                                   e.first_instance, e.first_instance + e.instances - 1, next));
+          }
+          next += e.instances;
+        }
+        if (!c.mix.empty() && next != count[key]) {
+          r.fail(pp_path + ".mix",
+                 fmt::format("covers {} instances: the instruction runs {}", next, count[key]));
+        }
+      }
+    }
+  }
 }
 
 InstructionSettings Plan::settings(int stage, InstructionKind kind, int microbatch) const {
   for (const auto& s : stages) {
     if (s.stage != stage) continue;
     for (const auto& in : s.instructions) {
-      if (in.kind == kind && in.microbatch == microbatch) {
-        return {in.freq_mhz, in.partitions, in.mixes};
-      }
+      if (in.kind == kind && in.microbatch == microbatch) return in.settings();
     }
   }
   throw InvalidInput(fmt::format("plan has no {} of micro-batch {} on stage {}", to_string(kind),
@@ -195,10 +545,127 @@ Plan load_plan(const std::string& path) {
   return Plan::from_json(j, path);
 }
 
+Plan load_plan(const std::string& path, const Workload& w) {
+  Plan p = load_plan(path);
+  validate_plan(p, w, path);
+  return p;
+}
+
 void save_plan(const Plan& p, const std::string& path) {
   std::ofstream out(path);
   if (!out) throw InvalidInput(fmt::format("{}: cannot write plan file", path));
   out << p.to_json().dump(2) << "\n";
 }
 
+namespace {
+
+std::string rank_ranges(const std::vector<int>& ranks) {
+  std::vector<std::string> parts;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    parts.push_back(j == i ? std::to_string(ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]));
+    i = j + 1;
+  }
+  return fmt::format("{}", fmt::join(parts, ","));
+}
+
+// Distinct settings of each partition over a stage's instructions: key -> "setting" -> count.
+std::map<std::string, std::map<std::string, int>> partition_choices(const PlanStage& st) {
+  std::map<std::string, std::map<std::string, int>> out;
+  for (const auto& in : st.instructions) {
+    for (const auto& [key, c] : in.partitions) {
+      const std::string name = key + (c.recompute ? " (recompute)" : "");
+      if (c.mix.empty()) {
+        out[name][fmt::format("{} SMs @ {} (before {})", c.sms, c.slot, c.slot_op)] += c.instances;
+      }
+      for (const auto& e : c.mix) {
+        out[name][fmt::format("{} SMs @ {} (before {})", e.sms, e.slot, e.slot_op)] += e.instances;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json plan_summary_json(const Plan& p) {
+  nlohmann::json j = {
+      {"workload", p.workload},
+      {"method", p.method},
+      {"execution", p.execution == ExecutionMode::kOverlapped ? "overlapped" : "sequential"},
+      {"goal", p.goal},
+      {"gpu", p.gpu},
+      {"gpus", p.gpus},
+      {"rank_order", RankLayout::kOrder},
+      {"iteration_time_s", p.iteration_time_s},
+      {"energy_j", p.energy_j},
+      {"clock_switch_s", p.clock_switch_s},
+      {"min_clock_hold_s", p.min_clock_hold_s},
+      {"clock_changes", p.clock_changes()},
+      {"stages", nlohmann::json::array()}};
+  for (const auto& st : p.stages) {
+    nlohmann::json sj = {{"stage", st.stage},
+                         {"ranks", st.ranks},
+                         {"clock_changes", st.clock_changes},
+                         {"end_s", st.end_s},
+                         {"clock_runs", nlohmann::json::array()},
+                         {"partitions", nlohmann::json::object()}};
+    double busy = 0, dyn = 0;
+    for (const auto& in : st.instructions) {
+      busy += in.time_s;
+      dyn += in.dynamic_energy_j;
+    }
+    sj["busy_s"] = busy;
+    sj["dynamic_energy_j_per_gpu"] = dyn;
+    for (const auto& [f, n] : st.clock_runs())
+      sj["clock_runs"].push_back({{"freq_mhz", f}, {"instructions", n}});
+    for (const auto& [key, settings] : partition_choices(st)) {
+      for (const auto& [what, n] : settings) sj["partitions"][key][what] = n;
+    }
+    j["stages"].push_back(std::move(sj));
+  }
+  return j;
+}
+
+std::string plan_summary_text(const Plan& p) {
+  std::string out = fmt::format(
+      "plan for {} ({} GPUs, {}), method {} ({}), goal: {}\n"
+      "predicted: iteration {:.4f} s, energy {:.1f} J (whole job), {} clock changes "
+      "(each a {:.1f} ms stall; clocks held >= {:.1f} ms)\n"
+      "ranks: order {} (rank = tp_rank + tp*(cp_rank + cp*(dp_rank + dp*pp_rank))), tp={} cp={} "
+      "dp={} pp={}\n",
+      p.workload, p.gpus, p.gpu, p.method,
+      p.execution == ExecutionMode::kOverlapped ? "overlapped" : "sequential", p.goal,
+      p.iteration_time_s, p.energy_j, p.clock_changes(), p.clock_switch_s * 1e3,
+      p.min_clock_hold_s * 1e3, RankLayout::kOrder, p.layout.tp, p.layout.cp, p.layout.dp,
+      p.layout.pp);
+  for (const auto& st : p.stages) {
+    double busy = 0, dyn = 0;
+    for (const auto& in : st.instructions) {
+      busy += in.time_s;
+      dyn += in.dynamic_energy_j;
+    }
+    std::vector<std::string> runs;
+    for (const auto& [f, n] : st.clock_runs())
+      runs.push_back(n == 1 ? std::to_string(f) : fmt::format("{}x{}", f, n));
+    out += fmt::format(
+        "\nstage {} (ranks {}): {} instructions, busy {:.4f} s, ends at {:.4f} s, dynamic "
+        "energy {:.1f} J per GPU\n  clocks (MHz x instructions): {}\n  clock changes: {}\n",
+        st.stage, rank_ranges(st.ranks), st.instructions.size(), busy, st.end_s, dyn,
+        fmt::join(runs, " "), st.clock_changes);
+    const auto choices = partition_choices(st);
+    if (choices.empty()) continue;
+    TextTable t({"partition", "SMs @ slot (launch before op)", "instances (all instructions)"});
+    for (const auto& [key, settings] : choices) {
+      for (const auto& [what, n] : settings) t.add_row({key, what, std::to_string(n)});
+    }
+    std::string table = t.render();
+    std::string indented;
+    std::istringstream lines(table);
+    for (std::string line; std::getline(lines, line);) indented += "  " + line + "\n";
+    out += indented;
+  }
+  return out;
+}
 }  // namespace kareus

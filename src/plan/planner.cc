@@ -12,6 +12,10 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <functional>
+#include <optional>
+#include <set>
+#include <tuple>
 
 #include "kareus/error.h"
 #include "kareus/pareto.h"
@@ -169,37 +173,109 @@ std::vector<InstructionOption> Planner::instruction_options(Method m, int stage,
 }
 
 MethodFrontier Planner::frontier(Method m) {
-  if (!o_.per_layer) return frontier_with(m, false);
-  // Per-layer choices are a superset of uniform ones, but the solver is a heuristic on
-  // non-convex options: keep the uniform frontier's points too, mapped onto the per-layer DAG
-  // (each node to the cheapest per-layer option no slower than its uniform choice), so the
-  // per-layer frontier is never worse.
-  const MethodFrontier uniform = frontier_with(m, false);
-  MethodFrontier mf = frontier_with(m, true);
-  for (const FrontierPoint& up : uniform.points) {
-    FrontierPoint p;
-    p.choice.resize(mf.dag.nodes.size());
-    for (std::size_t i = 0; i < mf.dag.nodes.size(); ++i) {
-      const DagOption& want = uniform.dag.nodes[i].options[static_cast<std::size_t>(up.choice[i])];
-      const auto& opts = mf.dag.nodes[i].options;
-      int best = 0;
+  MethodFrontier mf = frontier_layers(m);
+  if (progress_) progress_(fmt::format("frontier {}", to_string(m)), 1, 1);
+  return mf;
+}
+
+void Planner::apply_clock_switch_cost(MethodFrontier& mf) const {
+  const double cs = o_.clock_switch_s < 0 ? w_.gpu().clock_switch_s : o_.clock_switch_s;
+  mf.clock_switch_s = cs;
+  mf.min_clock_hold_s = o_.min_clock_hold_s;
+  mf.points_without_switch_cost = mf.points;
+  if (cs == 0 && o_.min_clock_hold_s == 0) return;  // the solver's points are exact already
+  // The solver treats clock changes as free. Every point is re-evaluated with its stalls after
+  // holding clocks for at least the requested time, and, since merging short runs can pay for
+  // itself, also after longer holds (multiples of the switch time up to one clock per stage),
+  // merging toward the faster and toward the slower neighbour; the Pareto set of all of them
+  // is the frontier.
+  std::vector<double> holds = {0};
+  if (cs > 0) holds = {0, cs, 2 * cs, 4 * cs, 8 * cs, 16 * cs, 32 * cs, 64 * cs, 1e300};
+  std::vector<FrontierPoint> candidates;
+  for (const FrontierPoint& p : mf.points) {
+    for (bool faster : {true, false}) {
+      std::vector<int> previous;
+      for (double h : holds) {
+        std::vector<int> choice =
+            hold_clocks(mf, p.choice, std::max(h, o_.min_clock_hold_s), faster);
+        if (choice == previous) continue;
+        const ClockSchedule sch = schedule_with_switches(mf, choice, cs);
+        previous = choice;
+        candidates.push_back(
+            {sch.makespan_s, sch.energy_j, sch.dynamic_energy_j, std::move(choice)});
+      }
+    }
+  }
+  mf.points = pareto_frontier(candidates);
+}
+
+// Maps a uniform frontier point onto the per-layer DAG: each node to the cheapest per-layer
+// option no slower than its uniform choice; with `same_clock`, among the options at the
+// uniform choice's clock first (so the clock sequence, and its switch stalls, stay the same).
+static std::vector<int> map_uniform_choice(const MethodFrontier& uniform, const MethodFrontier& mf,
+                                           const std::vector<int>& choice, bool same_clock) {
+  std::vector<int> out(mf.dag.nodes.size(), 0);
+  for (std::size_t i = 0; i < mf.dag.nodes.size(); ++i) {
+    const DagOption& want = uniform.dag.nodes[i].options[static_cast<std::size_t>(choice[i])];
+    const auto& opts = mf.dag.nodes[i].options;
+    const bool instruction = !mf.node_options[i].empty();
+    const int want_freq =
+        instruction ? uniform.node_options[i][static_cast<std::size_t>(choice[i])].freq_mhz : 0;
+    auto pick = [&](bool clock_only) {
+      int best = -1;
       for (std::size_t j = 0; j < opts.size(); ++j) {
+        if (clock_only && mf.node_options[i][j].freq_mhz != want_freq) continue;
         const bool fits = opts[j].time_s <= want.time_s * (1 + 1e-12);
         const bool best_fits =
-            opts[static_cast<std::size_t>(best)].time_s <= want.time_s * (1 + 1e-12);
-        if (fits &&
-            (!best_fits || opts[j].energy_j < opts[static_cast<std::size_t>(best)].energy_j)) {
+            best >= 0 && opts[static_cast<std::size_t>(best)].time_s <= want.time_s * (1 + 1e-12);
+        if (best < 0 ||
+            (fits &&
+             (!best_fits || opts[j].energy_j < opts[static_cast<std::size_t>(best)].energy_j))) {
           best = static_cast<int>(j);
         }
       }
-      p.choice[i] = best;
+      return best;
+    };
+    int best = same_clock && instruction ? pick(true) : -1;
+    if (best >= 0 && opts[static_cast<std::size_t>(best)].time_s > want.time_s * (1 + 1e-12)) {
+      best = -1;
     }
+    if (best < 0) best = pick(false);
+    out[i] = best;
+  }
+  return out;
+}
+
+MethodFrontier Planner::frontier_layers(Method m) {
+  if (!o_.per_layer) {
+    MethodFrontier mf = frontier_with(m, false);
+    apply_clock_switch_cost(mf);
+    return mf;
+  }
+  // Per-layer choices are a superset of uniform ones, but the solver is a heuristic on
+  // non-convex options: keep the uniform frontier's points too, mapped onto the per-layer DAG
+  // (each node to the cheapest per-layer option no slower than its uniform choice), so the
+  // per-layer frontier is never worse. With clock-switch stalls, the uniform frontier's
+  // post-processed points are mapped at their own clocks, so they keep their stalls.
+  MethodFrontier uniform = frontier_with(m, false);
+  MethodFrontier mf = frontier_with(m, true);
+  for (const FrontierPoint& up : uniform.points) {
+    FrontierPoint p;
+    p.choice = map_uniform_choice(uniform, mf, up.choice, false);
     p.time_s = mf.dag.makespan_s(p.choice);
     for (std::size_t i = 0; i < p.choice.size(); ++i) {
       p.dynamic_energy_j += mf.dag.nodes[i].options[static_cast<std::size_t>(p.choice[i])].energy_j;
     }
     p.energy_j = p.dynamic_energy_j + mf.dag.gpus * mf.dag.static_power_w * p.time_s;
     mf.points.push_back(std::move(p));
+  }
+  mf.points = pareto_frontier(mf.points);
+  apply_clock_switch_cost(mf);
+  apply_clock_switch_cost(uniform);
+  for (const FrontierPoint& up : uniform.points) {
+    std::vector<int> choice = map_uniform_choice(uniform, mf, up.choice, true);
+    const ClockSchedule sch = schedule_with_switches(mf, choice, mf.clock_switch_s);
+    mf.points.push_back({sch.makespan_s, sch.energy_j, sch.dynamic_energy_j, std::move(choice)});
   }
   mf.points = pareto_frontier(mf.points);
   return mf;
@@ -281,26 +357,195 @@ MethodFrontier Planner::frontier_with(Method m, bool per_instance) {
   FrontierOptions fo;
   fo.unit_s = o_.unit_s;
   mf.points = solve_frontier(dag, fo, &mf.stats);
-  if (progress_) progress_(fmt::format("frontier {}", to_string(m)), 1, 1);
   return mf;
+}
+
+namespace {
+
+// Instruction nodes of each stage, in 1F1B order (node ids are added stage by stage in order).
+std::vector<std::vector<int>> stage_instructions(const MethodFrontier& f) {
+  int stages = 0;
+  for (const auto& n : f.dag.nodes) stages = std::max(stages, n.stage + 1);
+  std::vector<std::vector<int>> out(static_cast<std::size_t>(stages));
+  for (std::size_t i = 0; i < f.dag.nodes.size(); ++i) {
+    if (i < f.node_options.size() && !f.node_options[i].empty()) {
+      out[static_cast<std::size_t>(f.dag.nodes[i].stage)].push_back(static_cast<int>(i));
+    }
+  }
+  return out;
+}
+
+const InstructionOption& option_of(const MethodFrontier& f, const std::vector<int>& choice,
+                                   int node) {
+  return f.node_options[static_cast<std::size_t>(node)]
+                       [static_cast<std::size_t>(choice[static_cast<std::size_t>(node)])];
+}
+
+}  // namespace
+
+ClockSchedule schedule_with_switches(const MethodFrontier& f, const std::vector<int>& choice,
+                                     double clock_switch_s) {
+  const auto& dag = f.dag;
+  const std::size_t n = dag.nodes.size();
+  if (choice.size() != n) throw InternalError("schedule_with_switches: choice size mismatch");
+  ClockSchedule sch;
+  sch.start_s.assign(n, 0);
+  sch.end_s.assign(n, 0);
+  sch.clock_switch.assign(n, false);
+  const auto stages = stage_instructions(f);
+  sch.clock_changes.assign(stages.size(), 0);
+  for (std::size_t s = 0; s < stages.size(); ++s) {
+    for (std::size_t k = 1; k < stages[s].size(); ++k) {
+      if (option_of(f, choice, stages[s][k]).freq_mhz !=
+          option_of(f, choice, stages[s][k - 1]).freq_mhz) {
+        sch.clock_switch[static_cast<std::size_t>(stages[s][k])] = true;
+        ++sch.clock_changes[s];
+      }
+    }
+  }
+  std::vector<std::vector<int>> preds(n);
+  for (const auto& [a, b] : dag.edges) preds[static_cast<std::size_t>(b)].push_back(a);
+  for (int v : dag.topological_order()) {
+    const auto vi = static_cast<std::size_t>(v);
+    double start = 0;
+    for (int u : preds[vi]) start = std::max(start, sch.end_s[static_cast<std::size_t>(u)]);
+    const DagOption& o = dag.nodes[vi].options[static_cast<std::size_t>(choice[vi])];
+    sch.start_s[vi] = start;
+    sch.end_s[vi] = start + (sch.clock_switch[vi] ? clock_switch_s : 0.0) + o.time_s;
+    sch.makespan_s = std::max(sch.makespan_s, sch.end_s[vi]);
+    sch.dynamic_energy_j += o.energy_j;
+  }
+  sch.energy_j = sch.dynamic_energy_j + dag.gpus * dag.static_power_w * sch.makespan_s;
+  return sch;
+}
+
+std::vector<int> hold_clocks(const MethodFrontier& f, const std::vector<int>& choice,
+                             double min_hold_s, bool toward_faster) {
+  std::vector<int> out = choice;
+  if (!(min_hold_s > 0)) return out;
+  for (const auto& nodes : stage_instructions(f)) {
+    std::set<int> frozen;  // first node of runs that no neighbour's clock can take
+    while (true) {
+      struct Run {
+        std::size_t begin, end;  // [begin, end) into `nodes`
+        int freq;
+        double time_s;
+      };
+      std::vector<Run> runs;
+      for (std::size_t k = 0; k < nodes.size(); ++k) {
+        const InstructionOption& o = option_of(f, out, nodes[k]);
+        if (runs.empty() || runs.back().freq != o.freq_mhz) runs.push_back({k, k, o.freq_mhz, 0});
+        runs.back().end = k + 1;
+        runs.back().time_s += o.time_s;
+      }
+      if (runs.size() <= 1) break;
+      // The shortest run below the hold (first on ties); independent of min_hold_s, so a longer
+      // hold only continues the same sequence of merges.
+      std::optional<std::size_t> shortest;
+      for (std::size_t r = 0; r < runs.size(); ++r) {
+        if (frozen.count(nodes[runs[r].begin])) continue;
+        if (!shortest || runs[r].time_s < runs[*shortest].time_s) shortest = r;
+      }
+      if (!shortest || runs[*shortest].time_s >= min_hold_s) break;
+      const std::size_t r = *shortest;
+      // Candidate moves (which run takes which clock), best first. Toward the faster side: the
+      // short run takes a faster neighbour's clock, or else (it is the fastest around) its
+      // shorter slower neighbour takes its clock; so merging never slows a run down. Toward
+      // the slower side, symmetrically.
+      auto better = [toward_faster](int a, int b) { return toward_faster ? a > b : a < b; };
+      std::vector<std::pair<std::size_t, int>> moves;
+      std::vector<std::size_t> nbs;
+      if (r > 0) nbs.push_back(r - 1);
+      if (r + 1 < runs.size()) nbs.push_back(r + 1);
+      std::vector<std::size_t> up = nbs, down = nbs;
+      std::erase_if(up, [&](std::size_t n) { return !better(runs[n].freq, runs[r].freq); });
+      std::erase_if(down, [&](std::size_t n) { return better(runs[n].freq, runs[r].freq); });
+      std::stable_sort(up.begin(), up.end(), [&](std::size_t a, std::size_t b) {
+        return better(runs[a].freq, runs[b].freq);
+      });
+      std::stable_sort(down.begin(), down.end(), [&](std::size_t a, std::size_t b) {
+        return runs[a].time_s < runs[b].time_s;
+      });
+      for (std::size_t n : up) moves.push_back({r, runs[n].freq});
+      for (std::size_t n : down) moves.push_back({n, runs[r].freq});
+      bool merged = false;
+      for (const auto& [which, target] : moves) {
+        const Run& run = runs[which];
+        std::vector<int> picks;
+        for (std::size_t k = run.begin; k < run.end; ++k) {
+          const int node = nodes[k];
+          const auto& opts = f.node_options[static_cast<std::size_t>(node)];
+          const double now_s = option_of(f, out, node).time_s;
+          int best = -1, fastest = -1;
+          for (std::size_t j = 0; j < opts.size(); ++j) {
+            if (opts[j].freq_mhz != target) continue;
+            const int jj = static_cast<int>(j);
+            if (fastest < 0 || opts[j].time_s < opts[static_cast<std::size_t>(fastest)].time_s) {
+              fastest = jj;
+            }
+            if (opts[j].time_s <= now_s &&
+                (best < 0 || opts[j].dynamic_energy_j <
+                                 opts[static_cast<std::size_t>(best)].dynamic_energy_j)) {
+              best = jj;
+            }
+          }
+          if (fastest < 0) break;
+          picks.push_back(best >= 0 ? best : fastest);
+        }
+        if (picks.size() != run.end - run.begin) continue;
+        for (std::size_t k = run.begin; k < run.end; ++k) {
+          out[static_cast<std::size_t>(nodes[k])] = picks[k - run.begin];
+        }
+        merged = true;
+        break;
+      }
+      if (!merged) frozen.insert(nodes[runs[r].begin]);
+    }
+  }
+  return out;
 }
 
 Plan Planner::make_plan(const MethodFrontier& f, std::size_t point, const std::string& goal) const {
   const FrontierPoint& fp = f.points.at(point);
+  const ClockSchedule sch = schedule_with_switches(f, fp.choice, f.clock_switch_s);
   Plan p;
   p.workload = w_.name;
   p.workload_digest = digest_;
   p.gpu = w_.gpu_name;
   p.gpus = w_.cluster.gpus();
+  p.layout = {w_.parallel.tp, w_.parallel.cp, w_.parallel.dp, w_.parallel.pp};
   p.method = to_string(f.method);
   p.execution = f.execution;
   p.goal = goal;
-  p.iteration_time_s = fp.time_s;
-  p.energy_j = fp.energy_j;
+  p.iteration_time_s = sch.makespan_s;
+  p.energy_j = sch.energy_j;
   p.static_power_w = f.dag.static_power_w;
-  for (int s = 0; s < w_.parallel.pp; ++s) p.stages.push_back({s, {}});
+  p.clock_switch_s = f.clock_switch_s;
+  p.min_clock_hold_s = f.min_clock_hold_s;
+  for (int s = 0; s < w_.parallel.pp; ++s) {
+    PlanStage st;
+    st.stage = s;
+    st.ranks = p.layout.stage_ranks(s);
+    st.clock_changes = s < static_cast<int>(sch.clock_changes.size())
+                           ? sch.clock_changes[static_cast<std::size_t>(s)]
+                           : 0;
+    p.stages.push_back(std::move(st));
+  }
+  // Per (stage, kind): each partition's instance count, for the plan's `instances`.
+  std::map<std::pair<int, int>, std::map<std::string, int>> instances;
+  if (f.execution == ExecutionMode::kOverlapped) {
+    for (const auto& is : ps_.instructions) {
+      auto& m = instances[{is.stage, static_cast<int>(is.kind)}];
+      for (const auto& step : is.steps) {
+        if (step.kind == Step::Kind::kPartition)
+          ++m[ps_.partitions[static_cast<std::size_t>(step.index)].key];
+      }
+    }
+  }
   for (std::size_t i = 0; i < f.dag.nodes.size(); ++i) {
     const DagNode& n = f.dag.nodes[i];
+    PlanStage& st = p.stages[static_cast<std::size_t>(n.stage)];
+    if (n.instruction != "p2p") st.end_s = std::max(st.end_s, sch.end_s[i]);
     if (f.node_options[i].empty()) continue;  // messages and reductions are not instructions
     const InstructionOption& o = f.node_options[i][static_cast<std::size_t>(fp.choice[i])];
     PlanInstruction in;
@@ -309,8 +554,41 @@ Plan Planner::make_plan(const MethodFrontier& f, std::size_t point, const std::s
     in.freq_mhz = o.freq_mhz;
     in.time_s = o.time_s;
     in.dynamic_energy_j = o.dynamic_energy_j;
-    in.partitions = o.partitions;
-    in.mixes = o.mixes;
+    in.start_s = sch.start_s[i];
+    in.end_s = sch.end_s[i];
+    in.clock_switch = sch.clock_switch[i];
+    const auto& counts = instances[{n.stage, static_cast<int>(in.kind)}];
+    for (const auto& [key, c] : o.partitions) {
+      const Partition& part = ps_.partition(key);
+      auto describe = [&part](const std::string& slot_name) {
+        const Slot& sl = part.slot(slot_name);
+        return std::pair<std::string, int>{
+            part.compute_ops.at(static_cast<std::size_t>(sl.op_index)).name, sl.op_index};
+      };
+      PlanPartition pp;
+      pp.sms = c.sms;
+      pp.slot = c.slot;
+      std::tie(pp.slot_op, pp.slot_op_index) = describe(c.slot);
+      pp.recompute =
+          in.kind == InstructionKind::kBackward && part.direction == InstructionKind::kForward;
+      auto cnt = counts.find(key);
+      pp.instances = cnt == counts.end() ? 0 : cnt->second;
+      auto mix = o.mixes.find(key);
+      if (mix != o.mixes.end()) {
+        int first = 0;
+        for (const auto& sh : mix->second) {
+          PlanMixEntry e;
+          e.sms = sh.config.sms;
+          e.slot = sh.config.slot;
+          std::tie(e.slot_op, e.slot_op_index) = describe(sh.config.slot);
+          e.first_instance = first;
+          e.instances = sh.instances;
+          first += sh.instances;
+          pp.mix.push_back(std::move(e));
+        }
+      }
+      in.partitions.emplace(key, std::move(pp));
+    }
     p.stages[static_cast<std::size_t>(n.stage)].instructions.push_back(std::move(in));
   }
   return p;

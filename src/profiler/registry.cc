@@ -30,6 +30,7 @@ void ensure_builtins() {
   std::call_once(once, [] {
     register_profiler("emulator", make_emulator_profiler);
     register_profiler("trace", make_trace_profiler);
+    register_profiler("cuda", make_cuda_profiler);
   });
 }
 

@@ -74,6 +74,10 @@ class TraceProfiler : public Profiler {
     return lookup({p.key, c.freq_mhz, c.sms, c.slot});
   }
 
+  bool can_measure(const Partition& p, const PartitionConfig& c) const override {
+    return points_.count({p.key, c.freq_mhz, c.sms, c.slot}) > 0;
+  }
+
   Measurement measure_segment(const Segment& s, int freq_mhz) override {
     const PointKey specific{fmt::format("{}@{}/{}", s.name, s.stage, s.instruction), freq_mhz, 0,
                             "-"};

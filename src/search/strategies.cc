@@ -65,18 +65,31 @@ class Recorder {
         progress_(progress),
         taken_(s.size(), false) {}
 
-  void measure(std::size_t idx) {
-    if (taken_[idx]) return;
-    taken_[idx] = true;
-    SearchPoint sp;
-    sp.config = space_.at(idx);
-    sp.from_store = prof_.stored(part_, sp.config);
-    sp.m = prof_.measure(part_, sp.config);
-    result.points.push_back(sp);
-    order.push_back(idx);
-    if (sp.from_store) ++result.resumed;
-    result.evaluations = static_cast<int>(result.points.size());
-    if (progress_) progress_(result.evaluations, budget_);
+  // One batch through one CachedProfiler call, so that ask/tell profiling can ask for the whole
+  // batch at once; points are recorded as they are served, in the batch's order.
+  void measure_batch(const std::vector<std::size_t>& batch) {
+    std::vector<std::size_t> idx;
+    std::vector<PartitionConfig> configs;
+    std::vector<bool> from_store, in_batch(taken_.size(), false);
+    for (std::size_t i : batch) {
+      if (taken_[i] || in_batch[i]) continue;
+      in_batch[i] = true;
+      idx.push_back(i);
+      configs.push_back(space_.at(i));
+      from_store.push_back(prof_.stored(part_, configs.back()));
+    }
+    prof_.measure_batch(part_, configs, [&](std::size_t j, const Measurement& m) {
+      taken_[idx[j]] = true;
+      SearchPoint sp;
+      sp.config = configs[j];
+      sp.from_store = from_store[j];
+      sp.m = m;
+      result.points.push_back(sp);
+      order.push_back(idx[j]);
+      if (sp.from_store) ++result.resumed;
+      result.evaluations = static_cast<int>(result.points.size());
+      if (progress_) progress_(result.evaluations, budget_);
+    });
   }
   bool taken(std::size_t idx) const { return taken_[idx]; }
 
@@ -106,7 +119,9 @@ class ExhaustiveSearch : public SearchStrategy {
   SearchResult run(const Partition& p, const SearchSpace& space, CachedProfiler& prof,
                    const SearchOptions&, const SearchProgress& progress) override {
     Recorder rec(p, space, prof, static_cast<int>(space.size()), progress);
-    for (std::size_t i = 0; i < space.size(); ++i) rec.measure(i);
+    std::vector<std::size_t> all(space.size());
+    std::iota(all.begin(), all.end(), 0);
+    rec.measure_batch(all);
     rec.result.strategy = name();
     return rec.result;
   }
@@ -120,8 +135,9 @@ class RandomSearch : public SearchStrategy {
     const std::size_t n =
         std::min<std::size_t>(static_cast<std::size_t>(std::max(o.budget, 0)), space.size());
     Recorder rec(p, space, prof, static_cast<int>(n), progress);
-    const auto order = shuffled(space.size(), o.seed);
-    for (std::size_t i = 0; i < n; ++i) rec.measure(order[i]);
+    auto order = shuffled(space.size(), o.seed);
+    order.resize(n);
+    rec.measure_batch(order);
     rec.result.strategy = name();
     return rec.result;
   }
@@ -158,7 +174,7 @@ class MboSearch : public SearchStrategy {
     const double scale = std::min(1.0, static_cast<double>(o.budget) / 224.0);
     std::size_t init = static_cast<std::size_t>(std::llround(o.initial_points * scale));
     init = std::clamp<std::size_t>(init, std::min<std::size_t>(n, 8), n);
-    for (std::size_t idx : initial_design(space, init, o)) rec.measure(idx);
+    rec.measure_batch(initial_design(space, init, o));
 
     // Batches shrink with the budget as well, keeping the artifact's four refits: a small budget
     // gains more from refitting often than from large batches chosen by a weak model.
@@ -173,7 +189,7 @@ class MboSearch : public SearchStrategy {
       const auto batch = select_batch(all, rec, b, o, p_static, ++batch_seed);
       rec.result.surrogate_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      for (std::size_t idx : batch) rec.measure(idx);
+      rec.measure_batch(batch);
       ++rec.result.batches;
       if (o.stop_threshold > 0 && hv_before > 0) {
         const double gain = measured_hv(rec.result) / hv_before - 1.0;

@@ -208,6 +208,11 @@ std::size_t ProfileStore::count_all() const {
 
 // ---- CachedProfiler
 
+MeasurementsNeeded::MeasurementsNeeded(std::string partition, std::vector<PartitionConfig> configs)
+    : Error(fmt::format("partition {}: {} measurement(s) needed", partition, configs.size())),
+      partition_(std::move(partition)),
+      configs_(std::move(configs)) {}
+
 std::string segment_signature(const Segment& s) {
   std::string text = s.name;
   for (const auto& k : s.kernels) {
@@ -241,13 +246,38 @@ Measurement CachedProfiler::serve(const StoreKey& k, const std::function<Measure
     }
   }
   const Measurement m = measure();
-  if (store_) store_->put(k, m);
+  if (store_) {
+    // A real backend may change what it is while measuring (the cuda backend falls back from
+    // cuDNN's fused attention to its own kernel): store under the fingerprint the point was
+    // actually measured with, so the two are never mixed.
+    StoreKey actual = k;
+    actual.backend = backend_.fingerprint();
+    store_->put(actual, m);
+  }
   ++measured_;
   return memo_.emplace(mk, m).first->second;
 }
 
 Measurement CachedProfiler::measure(const Partition& p, const PartitionConfig& c) {
   return serve(key(p, c), [&] { return backend_.measure(p, c); });
+}
+
+std::vector<Measurement> CachedProfiler::measure_batch(const Partition& p,
+                                                       const std::vector<PartitionConfig>& configs,
+                                                       const BatchCallback& on_point) {
+  std::vector<Measurement> out(configs.size());
+  std::vector<PartitionConfig> missing;
+  for (std::size_t i = 0; i < configs.size(); ++i) {
+    const auto& c = configs[i];
+    if (ask_ && !stored(p, c) && !backend_.can_measure(p, c)) {
+      missing.push_back(c);
+      continue;
+    }
+    out[i] = measure(p, c);
+    if (on_point) on_point(i, out[i]);
+  }
+  if (!missing.empty()) throw MeasurementsNeeded(p.key, std::move(missing));
+  return out;
 }
 
 Measurement CachedProfiler::measure_segment(const Segment& s, int freq_mhz) {

@@ -70,6 +70,13 @@ TEST(Optimize, ReportMatchesJsonPlotAndPlans) {
   for (const char* plan : {"max-throughput", "min-energy", "iso-time", "iso-energy"}) {
     const std::string path = out + "/plans/" + plan + ".json";
     const Plan p = load_plan(path);
+    // Format v2, valid against the workload, and `kareus plan show` summarizes it.
+    EXPECT_EQ(nlohmann::json::parse(test::read_file(path)).at("version").get<int>(), 2) << plan;
+    const auto show = test::run_cli("plan show " + path + " --workload " + wl);
+    EXPECT_EQ(show.exit_code, 0) << plan << ": " << show.err;
+    EXPECT_NE(show.out.find("clock changes: " + std::to_string(p.stages[0].clock_changes)),
+              std::string::npos)
+        << show.out;
     const auto e = test::run_cli("emulate " + wl + " --plan " + path + " --json");
     ASSERT_EQ(e.exit_code, 0) << e.err;
     const auto ej = nlohmann::json::parse(e.out);

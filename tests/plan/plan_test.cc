@@ -14,12 +14,20 @@
 namespace kareus {
 namespace {
 
+ProfilerOptions emulator_options(const Workload& w) {
+  ProfilerOptions o;
+  o.gpu = w.gpu_name;
+  o.noise = 0.01;
+  o.seed = 1;
+  return o;
+}
+
 // Issue 5's composition-error check: on every paper workload, the max-throughput and min-energy
 // plans replayed by the whole-iteration emulation agree with their predictions within 3%.
 TEST(Plan, ReplayMatchesPredictionOnEveryPaperWorkload) {
   for (const char* name : test::kPaperWorkloads) {
     const Workload w = load_workload(test::paper_workload(name));
-    EmulatorProfiler prof({w.gpu_name, 0.01, 1, 0, ""});
+    EmulatorProfiler prof(emulator_options(w));
     CachedProfiler cp(prof, nullptr);
     Planner planner(w, cp, PlannerOptions{});
     const MethodFrontier f = planner.frontier(Method::kKareus);
@@ -55,7 +63,7 @@ TEST(Plan, PerseusFrontierMeetsCalibrationEnds) {
   }
   ASSERT_GE(rows.size(), 2u);
   const Workload w = load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096"));
-  EmulatorProfiler prof({w.gpu_name, 0.01, 1, 0, ""});
+  EmulatorProfiler prof(emulator_options(w));
   CachedProfiler cp(prof, nullptr);
   Planner planner(w, cp, PlannerOptions{});
   const auto f = planner.frontier(Method::kPerseus);
@@ -123,17 +131,11 @@ TEST(Plan, GoalSelection) {
   EXPECT_EQ(*select_point(f, {GoalKind::kMinEnergy, 0}), 2u);
 }
 
-}  // namespace
-}  // namespace kareus
-
-namespace kareus {
-namespace {
-
 // Per-layer configurations: never worse than one configuration per partition at any deadline,
 // and a plan with mixed layers replays to its prediction.
 TEST(Plan, PerLayerNeverWorseAndReplays) {
   const Workload w = load_workload(test::paper_workload("qwen3-1.7b_tp8_mbs8_seq4096"));
-  EmulatorProfiler prof({w.gpu_name, 0.01, 1, 0, ""});
+  EmulatorProfiler prof(emulator_options(w));
   CachedProfiler cp(prof, nullptr);
   PlannerOptions uniform_o, layer_o;
   layer_o.per_layer = true;
@@ -151,7 +153,9 @@ TEST(Plan, PerLayerNeverWorseAndReplays) {
   for (std::size_t i = 0; i < fl.points.size() && !mixed; i += 7) {
     const Plan p = layered.make_plan(fl, i, "test");
     for (const auto& st : p.stages) {
-      for (const auto& in : st.instructions) mixed |= !in.mixes.empty();
+      for (const auto& in : st.instructions) {
+        for (const auto& [key, c] : in.partitions) mixed |= !c.mix.empty();
+      }
     }
     if (!mixed) continue;
     EXPECT_EQ(Plan::from_json(p.to_json(), "x").to_json(), p.to_json());

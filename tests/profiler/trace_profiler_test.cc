@@ -7,6 +7,14 @@
 namespace kareus {
 namespace {
 
+// Trace options by field (ProfilerOptions grows; aggregate initialisation would not).
+ProfilerOptions trace_options(const std::string& gpu, const std::string& path) {
+  ProfilerOptions o;
+  o.gpu = gpu;
+  o.trace_path = path;
+  return o;
+}
+
 TEST(TraceProfiler, ReplaysAndRejectsMissingPoints) {
   test::TempDir tmp;
   const std::string csv = tmp.write("t.csv",
@@ -16,7 +24,7 @@ TEST(TraceProfiler, ReplaysAndRejectsMissingPoints) {
                                     "stack_head,1410,0,-,0.001,0.3\n");
   const auto w = load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096"));
   const auto ps = partition_workload(w);
-  auto prof = create_profiler("trace", {w.gpu_name, 0, 1, 0, csv});
+  auto prof = create_profiler("trace", trace_options(w.gpu_name, csv));
   const auto m = prof->measure(ps.partition("fwd_attn"), {1410, 24, "norm"});
   EXPECT_DOUBLE_EQ(m.time_s, 0.002);
   EXPECT_DOUBLE_EQ(m.energy_j, 0.9);
@@ -39,16 +47,18 @@ TEST(TraceProfiler, ReplaysAndRejectsMissingPoints) {
 
 TEST(TraceProfiler, BadFilesAreClearErrors) {
   test::TempDir tmp;
-  EXPECT_THROW(create_profiler("trace", {"a100-sxm4-40gb", 0, 1, 0, tmp.file("missing.csv")}),
+  EXPECT_THROW(create_profiler("trace", trace_options("a100-sxm4-40gb", tmp.file("missing.csv"))),
                InvalidInput);
-  EXPECT_THROW(create_profiler("trace", {"a100-sxm4-40gb", 0, 1, 0, tmp.write("h.csv", "a,b\n")}),
+  EXPECT_THROW(
+      create_profiler("trace", trace_options("a100-sxm4-40gb", tmp.write("h.csv", "a,b\n"))),
+      InvalidInput);
+  EXPECT_THROW(create_profiler(
+                   "trace", trace_options("a100-sxm4-40gb",
+                                          tmp.write("v.csv",
+                                                    "partition,freq_mhz,sms,slot,time_s,energy_j\n"
+                                                    "fwd_attn,x,24,norm,0.1,1\n"))),
                InvalidInput);
-  EXPECT_THROW(create_profiler("trace", {"a100-sxm4-40gb", 0, 1, 0,
-                                         tmp.write("v.csv",
-                                                   "partition,freq_mhz,sms,slot,time_s,energy_j\n"
-                                                   "fwd_attn,x,24,norm,0.1,1\n")}),
-               InvalidInput);
-  EXPECT_THROW(create_profiler("trace", {"a100-sxm4-40gb", 0, 1, 0, ""}), InvalidInput);
+  EXPECT_THROW(create_profiler("trace", trace_options("a100-sxm4-40gb", "")), InvalidInput);
 }
 
 }  // namespace

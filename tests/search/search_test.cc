@@ -12,10 +12,19 @@
 namespace kareus {
 namespace {
 
+// Emulator options by field (ProfilerOptions grows; aggregate initialisation would not).
+ProfilerOptions emulator_options(const std::string& gpu, double noise, std::uint64_t seed) {
+  ProfilerOptions o;
+  o.gpu = gpu;
+  o.noise = noise;
+  o.seed = seed;
+  return o;
+}
+
 struct Fixture {
   Workload w = load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096"));
   PartitionSet ps = partition_workload(w);
-  EmulatorProfiler prof{{w.gpu_name, 0.01, 1, 0, ""}};
+  EmulatorProfiler prof{emulator_options(w.gpu_name, 0.01, 1)};
   CachedProfiler cp{prof, nullptr};
 };
 

@@ -1,9 +1,14 @@
 // `kareus profile`: measure one configuration of a partition, or sweep every configuration of
-// one or all partitions into the profile store, with progress and the real-GPU cost.
+// one or all partitions into the profile store, with progress and the real-GPU cost; measure
+// the listed points of an ask/tell file (`--points`, appending trace rows with `--append`); or
+// measure the static power of the workload's GPUs (`--static-power`).
 #include <fmt/format.h>
 
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "commands.h"
 #include "kareus/error.h"
@@ -21,6 +26,96 @@ nlohmann::json measurement_json(const Measurement& m) {
           {"static_energy_j", m.static_energy_j}};
 }
 
+constexpr const char* kPointsHeader = "partition,freq_mhz,sms,slot";
+constexpr const char* kTraceHeader = "partition,freq_mhz,sms,slot,time_s,energy_j";
+
+struct PointRow {
+  std::string name;  ///< partition key, or segment name[@stage/instruction]
+  PartitionConfig config;
+};
+
+// Reads an ask/tell points file: header partition,freq_mhz,sms,slot (extra trailing columns,
+// such as a trace's time_s,energy_j, are ignored so a trace can be re-measured).
+std::vector<PointRow> read_points(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw InvalidInput(fmt::format("--points {}: cannot open the file", path));
+  std::vector<PointRow> rows;
+  std::string line;
+  int lineno = 0;
+  bool header = false;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line[0] == '#') continue;
+    if (!header) {
+      if (line.rfind(kPointsHeader, 0) != 0) {
+        throw InvalidInput(fmt::format("{}:{}: header must start with '{}', got '{}'", path, lineno,
+                                       kPointsHeader, line));
+      }
+      header = true;
+      continue;
+    }
+    std::stringstream ss(line);
+    std::string name, f, sms, slot;
+    if (!std::getline(ss, name, ',') || !std::getline(ss, f, ',') || !std::getline(ss, sms, ',') ||
+        !std::getline(ss, slot, ',') || name.empty() || slot.empty()) {
+      throw InvalidInput(
+          fmt::format("{}:{}: expected the columns {}", path, lineno, kPointsHeader));
+    }
+    PointRow r;
+    r.name = name;
+    r.config.slot = slot;
+    try {
+      std::size_t a = 0, b = 0;
+      r.config.freq_mhz = std::stoi(f, &a);
+      r.config.sms = std::stoi(sms, &b);
+      if (a != f.size() || b != sms.size()) throw std::invalid_argument("trailing");
+    } catch (const std::exception&) {
+      throw InvalidInput(fmt::format("{}:{}: freq_mhz and sms must be integers, got '{}' and '{}'",
+                                     path, lineno, f, sms));
+    }
+    rows.push_back(r);
+  }
+  if (!header) throw InvalidInput(fmt::format("--points {}: empty file (no header)", path));
+  return rows;
+}
+
+// A segment by its trace name: "name@stage/instruction" or a bare name (its first instance).
+const Segment* find_segment(const PartitionSet& ps, const std::string& name) {
+  for (const auto& s : ps.segments) {
+    if (name == fmt::format("{}@{}/{}", s.name, s.stage, s.instruction)) return &s;
+  }
+  for (const auto& s : ps.segments) {
+    if (name == s.name) return &s;
+  }
+  return nullptr;
+}
+
+// Opens the trace to append to, writing the header when the file is new or empty and checking
+// it otherwise.
+std::ofstream open_append(const std::string& path) {
+  std::error_code ec;
+  const bool fresh =
+      !std::filesystem::exists(path, ec) || std::filesystem::file_size(path, ec) == 0;
+  if (!fresh) {
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (line.empty() || line[0] == '#') continue;
+      if (line != kTraceHeader) {
+        throw InvalidInput(
+            fmt::format("--append {}: header must be '{}', got '{}'", path, kTraceHeader, line));
+      }
+      break;
+    }
+  }
+  std::ofstream out(path, std::ios::app);
+  if (!out) throw InvalidInput(fmt::format("--append {}: cannot write the file", path));
+  if (fresh) out << kTraceHeader << "\n";
+  return out;
+}
+
 }  // namespace
 
 void register_profile(CLI::App& app, Action& action) {
@@ -28,7 +123,8 @@ void register_profile(CLI::App& app, Action& action) {
       "profile", "Measure a partition at one configuration, or sweep all configurations");
   static std::string file, partition, slot;
   static int freq = -1, sms = -1;
-  static bool sweep = false, json = false, quiet = false;
+  static std::string points, append;
+  static bool sweep = false, json = false, quiet = false, static_power = false;
   static ProfilingFlags flags;
   cmd->add_option("FILE", file, "workload YAML file")->required();
   cmd->add_option("--partition", partition, "partition key (see `kareus workload show`)");
@@ -36,6 +132,15 @@ void register_profile(CLI::App& app, Action& action) {
   cmd->add_option("--sms", sms, "SMs (CTAs) given to the collective");
   cmd->add_option("--slot", slot, "launch slot of the collective");
   cmd->add_flag("--sweep", sweep, "measure every configuration (all partitions by default)");
+  cmd->add_option("--points", points,
+                  "measure the points listed in this CSV (partition,freq_mhz,sms,slot), e.g. the "
+                  "file `search --ask` wrote");
+  cmd->add_option("--append", append,
+                  "with --points: append trace rows (partition,freq_mhz,sms,slot,time_s,energy_j) "
+                  "to this CSV instead of printing them");
+  cmd->add_flag("--static-power", static_power,
+                "measure the static power of the workload's GPUs (the emulator and the trace "
+                "return the catalogue value)");
   cmd->add_flag("--json", json, "machine-readable output");
   cmd->add_flag("--quiet", quiet, "no progress bar");
   add_profiling_flags(cmd, flags);
@@ -43,8 +148,96 @@ void register_profile(CLI::App& app, Action& action) {
     action = [] {
       const Workload w = load_workload(file);
       const PartitionSet ps = partition_workload(w);
+      if (static_cast<int>(sweep) + static_cast<int>(static_power) +
+              static_cast<int>(!points.empty()) >
+          1) {
+        throw InvalidInput("profile: choose one of --sweep, --points, --static-power");
+      }
+      if (!append.empty() && points.empty()) throw InvalidInput("--append needs --points FILE");
       ProfilingSession session = open_profiling(flags, w);
       const GpuSpec& gpu = session.backend->gpu();
+      if (static_power) {
+        const double p_w = session.backend->measure_static_power_w();
+        if (json) {
+          std::cout << nlohmann::json{{"gpu", gpu.name},
+                                      {"backend", session.backend->name()},
+                                      {"static_power_w", p_w},
+                                      {"catalogue_static_power_w", gpu.static_power_w},
+                                      {"catalogue_estimated", gpu.static_power_estimated}}
+                           .dump(2)
+                    << "\n";
+        } else {
+          std::cout << fmt::format(
+              "static power of {} (backend {}): {:.1f} W per GPU (catalogue {:.1f} W{})\n",
+              gpu.display_name, session.backend->name(), p_w, gpu.static_power_w,
+              gpu.static_power_estimated ? ", an estimate" : "");
+        }
+        return 0;
+      }
+      if (!points.empty()) {
+        const auto rows = read_points(points);
+        std::vector<Measurement> ms;
+        Progress bar("profiling points", rows.size(), !quiet && !append.empty());
+        for (const auto& r : rows) {
+          const Partition* p = nullptr;
+          for (const auto& q : ps.partitions) {
+            if (q.key == r.name) p = &q;
+          }
+          if (p) {
+            validate_config(*p, gpu, r.config);
+            ms.push_back(session.cached->measure(*p, r.config));
+          } else if (const Segment* s = find_segment(ps, r.name)) {
+            if (r.config.sms != 0 || r.config.slot != "-" ||
+                !gpu.supports_freq(r.config.freq_mhz)) {
+              throw InvalidInput(fmt::format(
+                  "--points {}: segment row {} needs a supported clock, sms 0 and slot '-'", points,
+                  r.name));
+            }
+            ms.push_back(session.cached->measure_segment(*s, r.config.freq_mhz));
+          } else {
+            throw InvalidInput(fmt::format(
+                "--points {}: '{}' is neither a partition nor a segment of {} (see `kareus "
+                "workload show`)",
+                points, r.name, file));
+          }
+          bar.update(ms.size());
+        }
+        bar.finish();
+        if (json) {
+          nlohmann::json j = nlohmann::json::array();
+          for (std::size_t i = 0; i < rows.size(); ++i) {
+            j.push_back({{"partition", rows[i].name},
+                         {"freq_mhz", rows[i].config.freq_mhz},
+                         {"sms", rows[i].config.sms},
+                         {"slot", rows[i].config.slot},
+                         {"time_s", ms[i].time_s},
+                         {"energy_j", ms[i].energy_j}});
+          }
+          if (append.empty()) std::cout << j.dump(2) << "\n";
+        }
+        // Shortest round-trip formatting: a trace read back gives the very same doubles.
+        std::string csv;
+        for (std::size_t i = 0; i < rows.size(); ++i) {
+          csv += fmt::format("{},{},{},{},{},{}\n", rows[i].name, rows[i].config.freq_mhz,
+                             rows[i].config.sms, rows[i].config.slot, ms[i].time_s, ms[i].energy_j);
+        }
+        if (!append.empty()) {
+          std::ofstream out = open_append(append);
+          out << csv;
+          out.close();
+          if (!out) throw InvalidInput(fmt::format("--append {}: write failed", append));
+          if (json) {
+            std::cout << nlohmann::json{{"measured", rows.size()}, {"appended_to", append}}.dump(2)
+                      << "\n";
+          } else {
+            std::cout << fmt::format("{} point(s) measured with {}, appended to {}\n", rows.size(),
+                                     session.backend->name(), append);
+          }
+        } else if (!json) {
+          std::cout << kTraceHeader << "\n" << csv;
+        }
+        return 0;
+      }
       if (!sweep) {
         if (partition.empty() || freq < 0 || sms < 0 || slot.empty()) {
           throw InvalidInput(

@@ -1,8 +1,16 @@
 // `kareus search FILE --partition KEY --strategy mbo|random|exhaustive --budget N --seed S`:
 // searches one partition's configuration space and prints every measured point and the
 // Pareto front on (time, energy).
+//
+// Ask/tell profiling (`--ask NEXT.csv`, usually with `--backend trace --trace MEASURED.csv`):
+// the search replays from the start on every run (it is deterministic given its seed and the
+// measurements) and stops at the first batch with points the trace lacks; it writes that whole
+// batch to NEXT.csv and exits with kExitMeasurementsNeeded. Once MEASURED.csv holds every point
+// the search wants, it prints exactly what a direct run with the same seeds prints.
 #include <fmt/format.h>
 
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -14,6 +22,26 @@
 #include "profiling_flags.h"
 
 namespace kareus::cli {
+namespace {
+
+/// Exit code of `search --ask` when measurements are needed (documented in docs/cli.md).
+constexpr int kExitMeasurementsNeeded = 3;
+constexpr const char* kAskHeader = "partition,freq_mhz,sms,slot";
+constexpr const char* kTraceHeader = "partition,freq_mhz,sms,slot,time_s,energy_j";
+
+void write_ask_file(const std::string& path, const std::string& partition,
+                    const std::vector<PartitionConfig>& configs) {
+  std::ofstream out(path, std::ios::trunc);
+  if (!out) throw InvalidInput(fmt::format("--ask {}: cannot write the file", path));
+  out << kAskHeader << "\n";
+  for (const auto& c : configs) {
+    out << fmt::format("{},{},{},{}\n", partition, c.freq_mhz, c.sms, c.slot);
+  }
+  out.close();
+  if (!out) throw InvalidInput(fmt::format("--ask {}: cannot write the file", path));
+}
+
+}  // namespace
 
 nlohmann::json search_point_json(const SearchPoint& p) {
   return {{"freq_mhz", p.config.freq_mhz}, {"sms", p.config.sms},
@@ -24,7 +52,7 @@ nlohmann::json search_point_json(const SearchPoint& p) {
 
 void register_search(CLI::App& app, Action& action) {
   auto* cmd = app.add_subcommand("search", "Search one partition for its time-energy Pareto front");
-  static std::string file, partition, strategy = "mbo";
+  static std::string file, partition, strategy = "mbo", ask;
   static SearchOptions opt;
   static bool json = false, quiet = false;
   static ProfilingFlags flags;
@@ -44,27 +72,51 @@ void register_search(CLI::App& app, Action& action) {
   cmd->add_option("--stop-threshold", opt.stop_threshold,
                   "mbo: stop when a batch adds less than this fraction of hypervolume (0: off)")
       ->capture_default_str();
+  cmd->add_option("--ask", ask,
+                  "ask/tell: write the next batch of points the backend lacks to this CSV "
+                  "(partition,freq_mhz,sms,slot) and exit 3");
   cmd->add_flag("--json", json, "machine-readable output");
   cmd->add_flag("--quiet", quiet, "no progress bar");
   add_profiling_flags(cmd, flags);
+  cmd->footer(
+      "Exit codes: 0 done, 2 invalid input, 3 measurements needed (--ask: measure the points in "
+      "the --ask file, append them to the --trace file, rerun).");
   cmd->callback([&action] {
     action = [] {
       auto strat = create_search_strategy(strategy);
       const Workload w = load_workload(file);
       const PartitionSet ps = partition_workload(w);
       const Partition& p = ps.partition(partition);
+      if (!ask.empty() && flags.backend == "trace" && !flags.trace.empty() &&
+          !std::filesystem::exists(flags.trace)) {
+        // The loop's first run: nothing measured yet.
+        std::ofstream(flags.trace) << kTraceHeader << "\n";
+      }
       ProfilingSession session = open_profiling(flags, w);
+      session.cached->set_ask_mode(!ask.empty());
       const SearchSpace space = make_search_space(p, session.backend->gpu());
       const std::size_t expect =
           strategy == "exhaustive"
               ? space.size()
               : std::min<std::size_t>(space.size(),
                                       static_cast<std::size_t>(std::max(opt.budget, 1)));
-      Progress bar(fmt::format("search {} ({})", p.key, strategy), expect, !quiet);
-      const SearchResult r = strat->run(p, space, *session.cached, opt, [&](int done, int) {
-        bar.update(static_cast<std::size_t>(done));
-      });
+      Progress bar(fmt::format("search {} ({})", p.key, strategy), expect, !quiet && ask.empty());
+      SearchResult r;
+      try {
+        r = strat->run(p, space, *session.cached, opt,
+                       [&](int done, int) { bar.update(static_cast<std::size_t>(done)); });
+      } catch (const MeasurementsNeeded& need) {
+        bar.finish();
+        write_ask_file(ask, need.partition(), need.configs());
+        std::cerr << fmt::format(
+            "kareus: {} measurement(s) of {} needed: wrote {}; measure them, append the rows "
+            "(partition,freq_mhz,sms,slot,time_s,energy_j) to {} and rerun\n",
+            need.configs().size(), need.partition(), ask,
+            flags.trace.empty() ? "the trace" : flags.trace);
+        return kExitMeasurementsNeeded;
+      }
       bar.finish();
+      if (!ask.empty()) write_ask_file(ask, p.key, {});  // nothing more to measure
       const auto front = r.front();
       if (json) {
         nlohmann::json j;

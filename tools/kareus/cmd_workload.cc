@@ -11,6 +11,12 @@
 namespace kareus::cli {
 namespace {
 
+// The name a trace row uses for a segment (src/profiler/trace_profiler.cc looks this up first,
+// then the bare name).
+std::string segment_trace_name(const Segment& s) {
+  return fmt::format("{}@{}/{}", s.name, s.stage, s.instruction);
+}
+
 nlohmann::json kernel_json(const Kernel& k) {
   nlohmann::json j = {
       {"name", k.name},     {"kind", to_string(k.kind)},  {"flops", k.flops},
@@ -57,7 +63,10 @@ nlohmann::json workload_json(const Workload& w, const PartitionSet& ps) {
   }
   j["segments"] = nlohmann::json::array();
   for (const auto& s : ps.segments) {
-    nlohmann::json sj = {{"name", s.name}, {"stage", s.stage}, {"instruction", s.instruction}};
+    nlohmann::json sj = {{"name", s.name},
+                         {"stage", s.stage},
+                         {"instruction", s.instruction},
+                         {"trace_name", segment_trace_name(s)}};
     sj["kernels"] = nlohmann::json::array();
     for (const auto& k : s.kernels) sj["kernels"].push_back(kernel_json(k));
     j["segments"].push_back(sj);
@@ -88,14 +97,19 @@ std::string workload_text(const Workload& w, const PartitionSet& ps) {
   }
   out += t.render();
   out += "\nsegments (run without overlap):\n";
-  TextTable s({"segment", "stage", "instruction", "kernels"});
+  TextTable s({"segment", "stage", "instruction", "trace name", "kernels"});
   for (const auto& seg : ps.segments) {
     std::string names;
     for (const auto& k : seg.kernels) names += (names.empty() ? "" : ",") + k.name;
     if (names.size() > 60) names = names.substr(0, 57) + "...";
-    s.add_row({seg.name, std::to_string(seg.stage), seg.instruction, names});
+    s.add_row(
+        {seg.name, std::to_string(seg.stage), seg.instruction, segment_trace_name(seg), names});
   }
   out += s.render();
+  out +=
+      "\na trace (--backend trace) for planning needs a row per partition configuration the "
+      "search measures and, per segment, a row at every clock: partition column = the trace "
+      "name above, sms 0, slot -\n";
   return out;
 }
 

@@ -26,6 +26,16 @@ inline void add_planner_flags(CLI::App* cmd, PlannerFlags& f) {
       ->capture_default_str();
   cmd->add_flag("--per-layer", f.planner.per_layer,
                 "let each layer pick its own partition configuration where that is better");
+  cmd->add_option_function<double>(
+         "--min-clock-hold-ms", [&f](double ms) { f.planner.min_clock_hold_s = ms * 1e-3; },
+         "keep each SM clock at least this long (ms of instruction time); shorter runs of one "
+         "clock merge into a neighbouring, faster run (default 0)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option_function<double>(
+         "--clock-switch-ms", [&f](double ms) { f.planner.clock_switch_s = ms * 1e-3; },
+         "stall per SM-clock change in every prediction (default: the GPU's catalogue value; "
+         "0: changes are free, the paper's model)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--quiet", f.quiet, "no progress display");
   add_profiling_flags(cmd, f.profiling);
 }

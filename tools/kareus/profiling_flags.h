@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kareus/profiler.h"
 #include "kareus/store.h"
@@ -19,10 +20,15 @@ struct ProfilingFlags {
   double noise = 0.01;
   std::uint64_t seed = 1;
   int delay_ms = 0;
+  // Real GPUs (--backend cuda, docs/cuda.md).
+  bool allow_clock_control = false;
+  std::vector<int> devices;
+  double window_s = 5.0;
+  double cooldown_s = 5.0;
 };
 
 inline void add_profiling_flags(CLI::App* cmd, ProfilingFlags& f) {
-  cmd->add_option("--backend", f.backend, "profiling backend: emulator, trace")
+  cmd->add_option("--backend", f.backend, "profiling backend: emulator, trace, cuda")
       ->capture_default_str();
   cmd->add_option("--db", f.db, "profile store (SQLite); reused and extended across runs");
   cmd->add_option("--trace", f.trace, "CSV of measurements for --backend trace");
@@ -32,6 +38,19 @@ inline void add_profiling_flags(CLI::App* cmd, ProfilingFlags& f) {
   cmd->add_option("--emulate-profiling-delay-ms", f.delay_ms,
                   "wall time each emulated measurement takes, as real profiling would")
       ->capture_default_str();
+  cmd->add_flag("--allow-clock-control", f.allow_clock_control,
+                "cuda: lock SM clocks through NVML (needs root or admin-granted permission); "
+                "without it, measure at the card's current clock only");
+  cmd->add_option("--devices", f.devices,
+                  "cuda: CUDA device indices of the partition's group, e.g. 0,1,2,3 (default: all)")
+      ->delimiter(',')
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--window-s", f.window_s, "cuda: measurement window per point (s)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--cooldown-s", f.cooldown_s, "cuda: cool-down after each point (s)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
 }
 
 /// The backend and (optional) store the flags ask for.
@@ -49,6 +68,10 @@ inline ProfilingSession open_profiling(const ProfilingFlags& f, const Workload& 
   o.seed = f.seed;
   o.delay_ms = f.delay_ms;
   o.trace_path = f.trace;
+  o.allow_clock_control = f.allow_clock_control;
+  o.devices = f.devices;
+  o.window_s = f.window_s;
+  o.cooldown_s = f.cooldown_s;
   s.backend = create_profiler(f.backend, o);
   if (!f.db.empty()) s.store = std::make_unique<ProfileStore>(f.db);
   s.cached = std::make_unique<CachedProfiler>(*s.backend, s.store.get());

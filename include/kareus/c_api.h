@@ -1,0 +1,168 @@
+/* C API of the Kareus runtime: what a training job written in any language needs to run a plan.
+ *
+ * A training process opens the plan for its global rank (the plan maps ranks to pipeline
+ * stages), optionally starts a frequency controller for its GPU and attaches it, and calls
+ * kareus_instruction_begin / kareus_instruction_end around every pipeline instruction. Begin
+ * checks that the call follows the plan's 1F1B order for the stage and sends the instruction's SM
+ * clock to the controller (which applies it asynchronously, only when it changes); the
+ * instruction's partition settings (SM count and launch slot of each collective) are read with
+ * the query functions and applied by the framework (e.g. kareus.torch).
+ *
+ * Conventions (XGBoost's C API style):
+ *  - Every function that can fail returns an int status, KAREUS_OK (0) on success. On failure
+ *    kareus_last_error() returns a message for the calling thread (the C++ library's message:
+ *    it names the file, the field and what is allowed); it stays valid until the next failing
+ *    call on that thread. No C++ exception crosses this boundary.
+ *  - Handles are opaque. A kareus_plan is not thread-safe: use one per thread (one per rank is
+ *    the normal case). Distinct handles may be used concurrently.
+ *  - Strings returned through out-parameters (partition keys, slot names) are owned by the plan
+ *    handle and valid until kareus_plan_close.
+ *  - Kinds are KAREUS_FORWARD (0) and KAREUS_BACKWARD (1). Clocks are in MHz.
+ */
+#ifndef KAREUS_C_API_H_
+#define KAREUS_C_API_H_
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Status codes. */
+enum {
+  KAREUS_OK = 0,
+  KAREUS_ERR_ARGUMENT = 1,      /* null pointer, index out of range, unknown kind */
+  KAREUS_ERR_INVALID_INPUT = 2, /* bad plan or workload file, plan of another workload */
+  KAREUS_ERR_NOT_SUPPORTED = 3, /* feature unavailable in this build or on this machine */
+  KAREUS_ERR_ORDER = 4,         /* instruction call out of the plan's order */
+  KAREUS_ERR_STATE = 5,         /* e.g. using a stopped controller */
+  KAREUS_ERR_INTERNAL = 6       /* a bug or an unexpected system failure */
+};
+
+enum { KAREUS_FORWARD = 0, KAREUS_BACKWARD = 1 };
+
+/* Message of the calling thread's last failure ("" if none). Never NULL. */
+const char* kareus_last_error(void);
+/* Symbolic name of a status code ("KAREUS_ERR_ORDER", ...; "unknown" for others). */
+const char* kareus_status_name(int status);
+/* Library version, e.g. "0.1.0"; plan format version it reads. */
+const char* kareus_version(void);
+int kareus_plan_format_version(void);
+
+/* ---- Plans. */
+typedef struct kareus_plan kareus_plan;
+typedef struct kareus_controller kareus_controller;
+
+/* Opens `plan_path` (a kareus-plan JSON file, version 2) for global rank `global_rank`,
+ * validating it against the workload file `workload_path` (YAML): digest, stage and instruction
+ * counts, clocks, SM counts, slots. The rank's stage comes from the plan's rank layout. */
+int kareus_plan_open(const char* plan_path, const char* workload_path, int global_rank,
+                     kareus_plan** out);
+/* Closes the handle (NULL is ignored). Does not stop an attached controller. */
+void kareus_plan_close(kareus_plan* plan);
+
+int kareus_plan_rank(const kareus_plan* plan, int* global_rank);
+int kareus_plan_stage(const kareus_plan* plan, int* stage);
+int kareus_plan_num_stages(const kareus_plan* plan, int* stages);
+int kareus_plan_num_ranks(const kareus_plan* plan, int* ranks);
+/* Stage of any global rank of the job. */
+int kareus_plan_stage_of_rank(const kareus_plan* plan, int global_rank, int* stage);
+/* The global ranks of `stage`, ascending: writes min(count, capacity) ranks to `ranks` (may be
+ * NULL when capacity is 0) and the full count to `*count`. */
+int kareus_plan_stage_ranks(const kareus_plan* plan, int stage, int* ranks, int capacity,
+                            int* count);
+
+/* Shape of the workload the plan was validated against (so a job can check its model). */
+typedef struct kareus_workload_shape {
+  int layers, hidden, ffn_hidden, heads, kv_heads, head_dim, vocab;
+  int qk_norm, tied_embeddings;
+  int tp, cp, pp, dp, sequence_parallel;
+  int micro_batch, seq_len, micro_batches, nano_batches;
+  int recompute;    /* 1: full recompute */
+  int stage_layers; /* layers of this handle's stage */
+} kareus_workload_shape;
+int kareus_plan_workload_shape(const kareus_plan* plan, kareus_workload_shape* out);
+
+/* The rank's stage's instructions, in 1F1B execution order. */
+int kareus_plan_instruction_count(const kareus_plan* plan, int* count);
+typedef struct kareus_instruction_info {
+  int kind; /* KAREUS_FORWARD or KAREUS_BACKWARD */
+  int microbatch;
+  int freq_mhz;
+  int partition_count;
+  double start_s, end_s; /* predicted, seconds from the iteration start */
+  double time_s;         /* predicted run time on one GPU */
+} kareus_instruction_info;
+int kareus_plan_instruction(const kareus_plan* plan, int index, kareus_instruction_info* out);
+/* Index of the instruction (kind, microbatch) on the rank's stage. */
+int kareus_plan_find_instruction(const kareus_plan* plan, int kind, int microbatch, int* index);
+
+typedef struct kareus_partition_info {
+  const char* key;     /* e.g. "fwd_attn" */
+  int sms;             /* SMs (NCCL CTAs) of the collective */
+  const char* slot;    /* launch slot name, e.g. "qkv" */
+  const char* slot_op; /* compute op the collective is launched before, e.g. "qkv_gemm" */
+  int slot_op_index;   /* its index among the block's compute ops */
+  int recompute;       /* 1: a forward block re-run inside a backward instruction */
+  int instances;       /* occurrences per micro-batch in this instruction */
+  int mix_count;       /* per-layer choices; 0: every instance uses sms/slot */
+} kareus_partition_info;
+/* Partitions of an instruction, ordered by key. */
+int kareus_plan_partition(const kareus_plan* plan, int instruction, int partition,
+                          kareus_partition_info* out);
+typedef struct kareus_mix_info {
+  int sms;
+  const char* slot;
+  const char* slot_op;
+  int slot_op_index;
+  int first_instance; /* first occurrence (0-based, execution order) using this entry */
+  int instances;
+} kareus_mix_info;
+int kareus_plan_partition_mix(const kareus_plan* plan, int instruction, int partition, int entry,
+                              kareus_mix_info* out);
+
+/* ---- Frequency controller: one process (kareus-freqd) per GPU, child of the caller. */
+typedef struct kareus_controller_options {
+  int gpu_index;
+  int dry_run;              /* 1: log transitions as JSON lines instead of touching NVML */
+  const char* log_path;     /* JSON-lines log of transitions (required when dry_run) */
+  const char* executable;   /* kareus-freqd; NULL/"": $KAREUS_FREQD, next to the binary, PATH */
+  const char* nvml_library; /* NULL/"": the system's libnvidia-ml.so.1 */
+  int coalesce; /* 1: apply only the newest waiting target (instructions shorter than a switch) */
+} kareus_controller_options;
+/* Starts a controller and waits until it is ready. Locking clocks needs root (CAP_SYS_ADMIN;
+ * NVML: "requires root/admin permissions"); without it the controller logs the failure and the
+ * GPU keeps its default clock (docs/runtime-controller.md). */
+int kareus_controller_start(int gpu_index, int dry_run, const char* log_path,
+                            kareus_controller** out);
+int kareus_controller_start_ex(const kareus_controller_options* options, kareus_controller** out);
+/* Asks for `freq_mhz` (0: reset to default clocks); never blocks on the controller. */
+int kareus_controller_set_clock(kareus_controller* controller, int freq_mhz);
+int kareus_controller_pid(const kareus_controller* controller, int* pid);
+/* Resets the clocks and ends the process, waiting for it (a few seconds at most). Idempotent;
+ * the handle stays valid (set_clock then fails with KAREUS_ERR_STATE) until freed. */
+int kareus_controller_stop(kareus_controller* controller);
+/* Stops the controller if needed and frees the handle (NULL is ignored). Detach it from every
+ * plan first. */
+void kareus_controller_free(kareus_controller* controller);
+
+/* ---- Instruction hooks. */
+/* Attaches a controller to the plan (NULL detaches). Not owned: it must outlive the attachment. */
+int kareus_plan_attach_controller(kareus_plan* plan, kareus_controller* controller);
+/* Call right before the instruction's compute. Fails with KAREUS_ERR_ORDER, changing nothing,
+ * unless (kind, microbatch) is the next instruction of the stage in plan order and no instruction
+ * is open. Sends the instruction's clock to the attached controller. After the last instruction
+ * of an iteration the order starts again at the first. */
+int kareus_instruction_begin(kareus_plan* plan, int kind, int microbatch);
+/* Call right after the instruction's compute; (kind, microbatch) must be the open instruction. */
+int kareus_instruction_end(kareus_plan* plan, int kind, int microbatch);
+/* Where the hooks stand: index of the next (or open) instruction and whether it is open. */
+int kareus_plan_position(const kareus_plan* plan, int* next_index, int* open);
+/* Starts the order again at the first instruction (e.g. after an aborted iteration). */
+int kareus_plan_reset_position(kareus_plan* plan);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KAREUS_C_API_H_ */

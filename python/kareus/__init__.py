@@ -1,0 +1,43 @@
+"""Kareus runtime for training jobs: run a Kareus plan inside your pipeline schedule.
+
+>>> import kareus
+>>> plan = kareus.Plan("plan.json", "workload.yaml")       # validated against the workload
+>>> with kareus.Controller(gpu_index=0) as ctl:             # one clock controller per GPU
+...     hooks = kareus.Hooks(plan, rank=0, controller=ctl)
+...     s = hooks.on_instruction_begin("forward", 0)        # order check + clock; settings
+...     ...                                                 # run the instruction
+...     hooks.on_instruction_end("forward", 0)
+
+Classes: :class:`Plan`, :class:`Instruction`, :class:`Partition`, :class:`MixEntry`,
+:class:`Controller`, :class:`Hooks`; errors derive from :class:`Error`
+(:class:`InvalidInputError`, :class:`ArgumentError`, :class:`OrderError`, :class:`StateError`,
+:class:`NotSupportedError`, :class:`InternalError`) and carry the library's message.
+``kareus.torch`` holds the PyTorch side (hooks object for a schedule, nano-batched TP layers).
+See docs/runtime.md.
+"""
+
+from ._core import (  # noqa: F401
+    BACKWARD,
+    FORWARD,
+    PLAN_FORMAT_VERSION,
+    ArgumentError,
+    Controller,
+    Error,
+    Hooks,
+    Instruction,
+    InternalError,
+    InvalidInputError,
+    MixEntry,
+    NotSupportedError,
+    OrderError,
+    Partition,
+    Plan,
+    StateError,
+    __version__,
+)
+
+__all__ = [
+    "BACKWARD", "FORWARD", "PLAN_FORMAT_VERSION", "ArgumentError", "Controller", "Error", "Hooks",
+    "Instruction", "InternalError", "InvalidInputError", "MixEntry", "NotSupportedError",
+    "OrderError", "Partition", "Plan", "StateError", "__version__",
+]

@@ -1,0 +1,800 @@
+"""PyTorch executor of Kareus plans: the instruction hooks and a nano-batched TP layer stack.
+
+Kareus (Wu, Chung, Chowdhury, OSDI '26) runs every pipeline instruction as two nano-batches: the
+micro-batch is split in half along the batch dimension and each half's tensor-parallel (TP)
+collective runs while the other half computes. A *partition* is one nano-batch's compute block
+between two collectives plus the other nano-batch's collective; the plan names, per partition,
+the compute op before which that collective is launched (the *slot*) and how many SMs it gets.
+Like the authors' artifact, which wraps a stage's whole layer stack in one
+``torch.autograd.Function``, :class:`NanoBatchedStack` controls the forward and the backward
+schedule itself: its backward re-runs the forward (full recompute) and then walks the backward
+ops one by one, so that the launch point of every collective is the plan's, in both directions.
+
+The layer is Megatron-LM's (Shoeybi et al., 2019; Narayanan et al., SC '21): RMSNorm, GQA
+attention with RoPE, SwiGLU MLP; QKV and FC1 are column-parallel (their input gradient is
+AllReduced in backward), the output projection and FC2 are row-parallel (their output is
+AllReduced in forward). The op lists and slot names are those of Kareus's kernel graph
+(src/workload/kernel_graph.cc), so that a plan's slot means the same op here and in the planner.
+
+Collectives go through ``torch.distributed`` with ``async_op=True``; on CPU that is gloo, on GPUs
+NCCL. torch 1.13's NCCL process group cannot limit the CTAs (SMs) of one collective; see
+docs/runtime.md for what can be done. The SM count of each partition is handed to
+``group_for_sms`` so a job can map it to a communicator created with the matching NCCL limits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    "ModelShape",
+    "PartitionChoice",
+    "InstructionSettings",
+    "PipelineHooks",
+    "TPTransformerLayer",
+    "NanoBatchedStack",
+    "copy_to_tp",
+    "reduce_from_tp",
+    "one_f_one_b_order",
+    "BLOCK_SLOTS",
+]
+
+# Compute ops of each block and the slots among them, in execution order. Mirrors
+# src/workload/kernel_graph.cc (TP without sequence or context parallelism): a slot named here is
+# launched right before the op it is attached to.
+_BLOCK_OPS: Dict[str, List[Tuple[str, Optional[str]]]] = {
+    "fwd_attn": [
+        ("residual_add", "norm"),
+        ("rmsnorm", None),
+        ("qkv_gemm", "qkv"),
+        ("rope", "rope"),
+        ("attention", "attn"),
+        ("out_proj", None),
+    ],
+    "fwd_mlp": [
+        ("residual_add", "norm"),
+        ("rmsnorm", None),
+        ("fc1", "linear"),
+        ("swiglu", "activation"),
+        ("fc2", None),
+    ],
+    "bwd_mlp": [
+        ("rmsnorm_bwd", "norm"),
+        ("residual_grad_add", None),
+        ("fc2_dgrad", "linear"),
+        ("fc2_wgrad", None),
+        ("swiglu_bwd", "activation"),
+        ("fc1_dgrad", None),
+        ("fc1_wgrad", None),
+    ],
+    "bwd_attn": [
+        ("rmsnorm_bwd", "norm"),
+        ("residual_grad_add", None),
+        ("out_proj_dgrad", "linear"),
+        ("out_proj_wgrad", None),
+        ("attention_bwd", "attn"),
+        ("rope_bwd", "rope"),
+        ("qkv_dgrad", None),
+        ("qkv_wgrad", None),
+    ],
+}
+
+#: Slot name -> index of the op it precedes, per partition key.
+BLOCK_SLOTS: Dict[str, Dict[str, int]] = {
+    key: {slot: i for i, (_, slot) in enumerate(ops) if slot is not None}
+    for key, ops in _BLOCK_OPS.items()
+}
+
+
+def one_f_one_b_order(stage: int, stages: int, microbatches: int) -> List[Tuple[str, int]]:
+    """(kind, micro-batch) of every instruction of ``stage`` under synchronous 1F1B.
+
+    ``stages - stage - 1`` warm-up forwards, then one forward and one backward alternately, then
+    the remaining backwards (Narayanan et al., SC '21); the same order as Kareus's planner.
+    """
+    order: List[Tuple[str, int]] = []
+    warmup = min(stages - stage - 1, microbatches)
+    f = b = 0
+    for _ in range(warmup):
+        order.append(("forward", f))
+        f += 1
+    while f < microbatches:
+        order.append(("forward", f))
+        f += 1
+        order.append(("backward", b))
+        b += 1
+    while b < microbatches:
+        order.append(("backward", b))
+        b += 1
+    return order
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings of one instruction.
+
+
+@dataclass(frozen=True)
+class PartitionChoice:
+    """How one partition instance runs: the collective's SM count and its launch slot."""
+
+    sms: int
+    slot: str
+
+
+@dataclass
+class InstructionSettings:
+    """The plan's settings of one instruction (what :class:`NanoBatchedStack` needs).
+
+    ``partitions`` maps a partition key to its choice; ``mixes`` optionally maps a key to
+    per-layer choices ``[(choice, instances), ...]``: the first ``instances`` occurrences of the
+    key in the instruction (in execution order) use the first choice, and so on.
+    """
+
+    kind: str
+    microbatch: int
+    freq_mhz: int = 0
+    partitions: Dict[str, PartitionChoice] = field(default_factory=dict)
+    mixes: Dict[str, List[Tuple[PartitionChoice, int]]] = field(default_factory=dict)
+
+    @staticmethod
+    def from_plan(instruction: Any) -> "InstructionSettings":
+        """Converts a ``kareus.Instruction`` (the C++ module's) into this plain form."""
+        parts: Dict[str, PartitionChoice] = {}
+        mixes: Dict[str, List[Tuple[PartitionChoice, int]]] = {}
+        for key, p in instruction.partitions.items():
+            parts[key] = PartitionChoice(int(p.sms), str(p.slot))
+            if p.mix:
+                mixes[key] = [(PartitionChoice(int(s.sms), str(s.slot)), int(s.instances))
+                              for s in p.mix]
+        return InstructionSettings(str(instruction.kind), int(instruction.microbatch),
+                                   int(instruction.freq_mhz), parts, mixes)
+
+
+class _Cursor:
+    """Hands out each partition instance's choice in execution order (mixes are per occurrence)."""
+
+    def __init__(self, settings: Optional[InstructionSettings]):
+        self._settings = settings
+        self._seen: Dict[str, int] = {}
+
+    def next(self, key: str) -> Optional[PartitionChoice]:
+        occurrence = self._seen.get(key, 0)
+        self._seen[key] = occurrence + 1
+        s = self._settings
+        if s is None:
+            return None  # no plan: NCCL's default CTAs, collective at the partition start
+        mix = s.mixes.get(key)
+        if mix:
+            upto = 0
+            for choice, instances in mix:
+                upto += instances
+                if occurrence < upto:
+                    return choice
+            return mix[-1][0]
+        if key not in s.partitions:
+            raise ValueError(
+                f"kareus.torch: the plan's {s.kind} instruction of micro-batch {s.microbatch} has "
+                f"no setting for partition '{key}'; it has: {', '.join(sorted(s.partitions))}")
+        return s.partitions[key]
+
+
+# ---------------------------------------------------------------------------------------------
+# The instruction hooks.
+
+
+class PipelineHooks:
+    """What a pipeline schedule calls around each instruction of one rank.
+
+    Wraps ``kareus.Hooks`` (plan order check, clock to the frequency controller) and keeps the
+    settings of the open instruction in :attr:`current`, which :class:`NanoBatchedStack` reads.
+    ``plan`` is a ``kareus.Plan``; ``controller`` an optional started ``kareus.Controller``.
+    Without ``plan`` (``PipelineHooks(None, rank)``) the hooks only track the open instruction,
+    which lets the same schedule run a plain nano-batched baseline.
+    """
+
+    def __init__(self, plan: Any, rank: int, controller: Any = None):
+        self.rank = rank
+        self._hooks = None
+        if plan is not None:
+            import kareus  # the C++ module; imported here so that the layer works without it
+
+            self._hooks = kareus.Hooks(plan, rank, controller)
+        self.current: Optional[InstructionSettings] = None
+        self._open: Optional[Tuple[str, int]] = None
+
+    @property
+    def stage(self) -> Optional[int]:
+        return None if self._hooks is None else self._hooks.stage
+
+    def on_instruction_begin(self, kind: str, microbatch: int) -> Optional[InstructionSettings]:
+        """Call right before the instruction's compute; returns its settings (None: no plan)."""
+        if self._hooks is not None:
+            self.current = InstructionSettings.from_plan(
+                self._hooks.on_instruction_begin(kind, microbatch))
+        else:
+            self.current = None
+        self._open = (kind, microbatch)
+        return self.current
+
+    def on_instruction_end(self, kind: str, microbatch: int) -> None:
+        """Call right after the instruction's compute (before its send to the next stage)."""
+        if self._hooks is not None:
+            self._hooks.on_instruction_end(kind, microbatch)
+        self._open = None
+        self.current = None
+
+    @property
+    def open_instruction(self) -> Optional[Tuple[str, int]]:
+        """(kind, micro-batch) between begin and end, else None."""
+        return self._open
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor-parallel building blocks (Megatron-LM's f and g operators).
+
+
+class _CopyToTP(torch.autograd.Function):
+    """Identity in forward; AllReduce of the gradient in backward (column-parallel input)."""
+
+    @staticmethod
+    def forward(ctx, x, group):  # type: ignore[override]
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[override]
+        g = g.contiguous()
+        dist.all_reduce(g, group=ctx.group)
+        return g, None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """AllReduce in forward (row-parallel output); identity in backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):  # type: ignore[override]
+        x = x.contiguous().clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[override]
+        return g, None
+
+
+def copy_to_tp(x: torch.Tensor, group) -> torch.Tensor:
+    return _CopyToTP.apply(x, group)
+
+
+def reduce_from_tp(x: torch.Tensor, group) -> torch.Tensor:
+    return _ReduceFromTP.apply(x, group)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Shape of the Llama-like model (full, before TP sharding)."""
+
+    layers: int
+    hidden: int
+    ffn_hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    rope: bool = True
+    norm_eps: float = 1e-5
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def _rope_tables(seq: int, dim: int, dtype, device) -> Tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    ang = torch.outer(torch.arange(seq, dtype=torch.float64), inv)
+    ang = torch.cat([ang, ang], dim=-1)
+    return ang.cos().to(dtype=dtype, device=device), ang.sin().to(dtype=dtype, device=device)
+
+
+def apply_rope(x: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding (Su et al., 2021; rotate-half form) of x [batch, seq, heads, head_dim]."""
+    cos, sin = _rope_tables(x.shape[1], x.shape[-1], x.dtype, x.device)
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal GQA attention: q [b, s, hq, d], k/v [b, s, hkv, d] -> [b, s, hq*d]."""
+    b, s, hq, d = q.shape
+    rep = hq // k.shape[2]
+    if rep > 1:
+        k = k.repeat_interleave(rep, dim=2)
+        v = v.repeat_interleave(rep, dim=2)
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    scores = qt @ kt.transpose(-1, -2) / math.sqrt(d)
+    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+    probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+    return (probs @ vt).transpose(1, 2).reshape(b, s, hq * d)
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+class TPTransformerLayer(nn.Module):
+    """One Llama-like decoder layer, sharded Megatron-style over the TP group.
+
+    Parameters are created from the full (unsharded) weights drawn with ``seed``, so every TP
+    layout of the same seed computes the same function. ``forward`` is the plain schedule
+    (whole micro-batch, synchronous collectives, autograd); :class:`NanoBatchedStack` runs the
+    same parameters nano-batched.
+    """
+
+    def __init__(self, shape: ModelShape, tp_rank: int, tp_size: int, group, seed: int,
+                 dtype=torch.float32):
+        super().__init__()
+        for name, n in (("heads", shape.heads), ("kv_heads", shape.kv_heads),
+                        ("ffn_hidden", shape.ffn_hidden)):
+            if n % tp_size:
+                raise ValueError(f"kareus.torch: {name} {n} is not divisible by tp {tp_size}")
+        self.shape, self.group, self.tp_size = shape, group, tp_size
+        h, d, f = shape.hidden, shape.head_dim, shape.ffn_hidden
+        self.hq, self.hkv, self.f = shape.heads // tp_size, shape.kv_heads // tp_size, f // tp_size
+        g = torch.Generator().manual_seed(seed)
+
+        def draw(*size, scale):
+            return (torch.randn(*size, generator=g, dtype=torch.float64) * scale).to(dtype)
+
+        wq = draw(shape.heads * d, h, scale=h ** -0.5)
+        wk = draw(shape.kv_heads * d, h, scale=h ** -0.5)
+        wv = draw(shape.kv_heads * d, h, scale=h ** -0.5)
+        wo = draw(h, shape.heads * d, scale=(shape.heads * d) ** -0.5)
+        w_gate = draw(f, h, scale=h ** -0.5)
+        w_up = draw(f, h, scale=h ** -0.5)
+        w2 = draw(h, f, scale=f ** -0.5)
+        norm1 = 1.0 + 0.1 * draw(h, scale=1.0)
+        norm2 = 1.0 + 0.1 * draw(h, scale=1.0)
+
+        r = tp_rank
+        qs, ks = slice(r * self.hq * d, (r + 1) * self.hq * d), slice(r * self.hkv * d,
+                                                                     (r + 1) * self.hkv * d)
+        fs = slice(r * self.f, (r + 1) * self.f)
+        self.norm1 = nn.Parameter(norm1.clone())
+        self.wqkv = nn.Parameter(torch.cat([wq[qs], wk[ks], wv[ks]], dim=0).contiguous())
+        self.wo = nn.Parameter(wo[:, qs].contiguous())
+        self.norm2 = nn.Parameter(norm2.clone())
+        self.w1 = nn.Parameter(torch.cat([w_gate[fs], w_up[fs]], dim=0).contiguous())
+        self.w2 = nn.Parameter(w2[:, fs].contiguous())
+
+    def params(self) -> List[nn.Parameter]:
+        """In the order :class:`NanoBatchedStack` passes them through autograd."""
+        return [self.norm1, self.wqkv, self.wo, self.norm2, self.w1, self.w2]
+
+    def split_qkv(self, qkv: torch.Tensor):
+        b, s, _ = qkv.shape
+        d = self.shape.head_dim
+        q, k, v = qkv.split([self.hq * d, self.hkv * d, self.hkv * d], dim=-1)
+        return q.reshape(b, s, self.hq, d), k.reshape(b, s, self.hkv, d), v.reshape(
+            b, s, self.hkv, d)
+
+    def rope(self, qkv: torch.Tensor):
+        q, k, v = self.split_qkv(qkv)
+        if self.shape.rope:
+            q, k = apply_rope(q), apply_rope(k)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        eps = self.shape.norm_eps
+        n1 = copy_to_tp(rmsnorm(x, self.norm1, eps), self.group)
+        q, k, v = self.rope(F.linear(n1, self.wqkv))
+        x = x + reduce_from_tp(F.linear(causal_attention(q, k, v), self.wo), self.group)
+        n2 = copy_to_tp(rmsnorm(x, self.norm2, eps), self.group)
+        return x + reduce_from_tp(F.linear(swiglu(F.linear(n2, self.w1)), self.w2), self.group)
+
+
+# ---------------------------------------------------------------------------------------------
+# The nano-batched executor.
+
+
+class _NB:
+    """State of one nano-batch while the chain of blocks runs."""
+
+    def __init__(self, x: Optional[torch.Tensor]):
+        self.r = x  # residual stream (forward)
+        self.y: Optional[torch.Tensor] = None  # reduced output of the previous block, to add
+        self.out: Optional[torch.Tensor] = None  # this block's collective input
+        self.rec: Dict[int, Dict[str, Any]] = {}  # per layer: tensors kept for backward
+        self.ckpt: Dict[int, torch.Tensor] = {}  # per layer: input (full recompute)
+        self.g_r: Optional[torch.Tensor] = None  # gradient of the residual stream
+        self.g_reduced: Optional[torch.Tensor] = None  # AllReduced gradient of a norm's output
+        self.norm_pending: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = None
+        self.g_norm_r: Optional[torch.Tensor] = None
+        self.tmp: Dict[str, Any] = {}
+
+
+@dataclass
+class _Block:
+    key: str
+    layer: int
+    ops: List[Tuple[str, Callable[[_NB], None]]]
+    collective_input: Callable[[_NB], torch.Tensor]
+    deliver: Callable[[_NB, torch.Tensor], None]
+
+
+def _leaf(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().requires_grad_(True)
+
+
+class _Builder:
+    """Builds the blocks of a stage's layer stack as closures over one set of parameters."""
+
+    def __init__(self, layers: Sequence[TPTransformerLayer], weights: Sequence[torch.Tensor],
+                 grads: List[Optional[torch.Tensor]]):
+        self.layers, self.w, self.grads = layers, weights, grads
+
+    def _p(self, layer: int, i: int) -> torch.Tensor:
+        return self.w[6 * layer + i]
+
+    def _acc(self, layer: int, i: int, g: torch.Tensor) -> None:
+        j = 6 * layer + i
+        self.grads[j] = g if self.grads[j] is None else self.grads[j] + g
+
+    # ---- forward blocks; `record`: keep what backward needs (leaves at op boundaries).
+    def fwd_attn(self, l: int, record: bool, replay: bool) -> _Block:
+        lay, eps = self.layers[l], self.layers[l].shape.norm_eps
+
+        def residual_add(s: _NB):
+            if replay:
+                r0 = s.ckpt[l]
+            else:
+                r0 = s.r if s.y is None else s.r + s.y
+                s.ckpt[l] = r0
+            s.y = None
+            s.r = _leaf(r0) if record else r0
+            if record:
+                s.rec[l] = {"r0": s.r}
+
+        def norm(s: _NB):
+            if record:
+                with torch.enable_grad():
+                    w = _leaf(self._p(l, 0))
+                    n = rmsnorm(s.r, w, eps)
+                s.rec[l]["norm1"] = (n, s.r, w)
+                s.tmp["n"] = n.detach()
+            else:
+                s.tmp["n"] = rmsnorm(s.r, self._p(l, 0), eps)
+
+        def qkv(s: _NB):
+            t = F.linear(s.tmp["n"], self._p(l, 1))
+            if record:
+                s.rec[l]["n1"] = s.tmp["n"]
+                t = _leaf(t)
+                s.rec[l]["qkv"] = t
+            s.tmp["qkv"] = t
+
+        def rope(s: _NB):
+            if record:
+                with torch.enable_grad():
+                    q, k, v = lay.rope(s.rec[l]["qkv"])
+                s.rec[l]["rope"] = (q, k, v)
+                q, k, v = _leaf(q), _leaf(k), _leaf(v)
+                s.rec[l]["qkv_rot"] = (q, k, v)
+            else:
+                q, k, v = lay.rope(s.tmp["qkv"])
+            s.tmp["qkv_rot"] = (q, k, v)
+
+        def attention(s: _NB):
+            if record:
+                with torch.enable_grad():
+                    o = causal_attention(*s.tmp["qkv_rot"])
+                s.rec[l]["attn"] = o
+                s.tmp["o"] = o.detach()
+            else:
+                s.tmp["o"] = causal_attention(*s.tmp["qkv_rot"])
+
+        def out_proj(s: _NB):
+            if record:
+                s.rec[l]["o"] = s.tmp["o"]
+            s.out = F.linear(s.tmp["o"], self._p(l, 2)).contiguous()
+            s.tmp.clear()
+
+        def deliver(s: _NB, y: torch.Tensor):
+            s.y = y
+
+        ops = [("residual_add", residual_add), ("rmsnorm", norm), ("qkv_gemm", qkv),
+               ("rope", rope), ("attention", attention), ("out_proj", out_proj)]
+        return _Block("fwd_attn", l, ops, lambda s: s.out, deliver)
+
+    def fwd_mlp(self, l: int, record: bool, replay: bool) -> _Block:
+        eps = self.layers[l].shape.norm_eps
+
+        def residual_add(s: _NB):
+            r1 = s.r.detach() + s.y
+            s.y = None
+            s.r = _leaf(r1) if record else r1
+            if record:
+                s.rec[l]["r1"] = s.r
+
+        def norm(s: _NB):
+            if record:
+                with torch.enable_grad():
+                    w = _leaf(self._p(l, 3))
+                    n = rmsnorm(s.r, w, eps)
+                s.rec[l]["norm2"] = (n, s.r, w)
+                s.tmp["n"] = n.detach()
+            else:
+                s.tmp["n"] = rmsnorm(s.r, self._p(l, 3), eps)
+
+        def fc1(s: _NB):
+            t = F.linear(s.tmp["n"], self._p(l, 4))
+            if record:
+                s.rec[l]["n2"] = s.tmp["n"]
+                t = _leaf(t)
+                s.rec[l]["gu"] = t
+            s.tmp["gu"] = t
+
+        def act(s: _NB):
+            if record:
+                with torch.enable_grad():
+                    a = swiglu(s.tmp["gu"])
+                s.rec[l]["act"] = a
+                s.tmp["a"] = a.detach()
+            else:
+                s.tmp["a"] = swiglu(s.tmp["gu"])
+
+        def fc2(s: _NB):
+            if record:
+                s.rec[l]["a"] = s.tmp["a"]
+            s.out = F.linear(s.tmp["a"], self._p(l, 5)).contiguous()
+            s.tmp.clear()
+
+        def deliver(s: _NB, y: torch.Tensor):
+            s.y = y
+
+        ops = [("residual_add", residual_add), ("rmsnorm", norm), ("fc1", fc1),
+               ("swiglu", act), ("fc2", fc2)]
+        return _Block("fwd_mlp", l, ops, lambda s: s.out, deliver)
+
+    # ---- backward blocks.
+    def _norm_bwd(self, s: _NB):
+        """Backward of the RMSNorm whose output gradient the previous block AllReduced."""
+        if s.norm_pending is None:
+            return
+        n, r, w, index = s.norm_pending
+        g_r, g_w = torch.autograd.grad(n, (r, w), s.g_reduced)
+        self._acc(index // 6, index % 6, g_w)
+        s.g_norm_r, s.norm_pending, s.g_reduced = g_r, None, None
+
+    @staticmethod
+    def _residual_grad_add(s: _NB):
+        if s.g_norm_r is not None:
+            s.g_r = s.g_r + s.g_norm_r
+            s.g_norm_r = None
+
+    def bwd_mlp(self, l: int) -> _Block:
+        def fc2_dgrad(s: _NB):
+            s.tmp["g_a"] = s.g_r @ self._p(l, 5)
+
+        def fc2_wgrad(s: _NB):
+            a = s.rec[l]["a"]
+            self._acc(l, 5, s.g_r.reshape(-1, s.g_r.shape[-1]).t() @ a.reshape(-1, a.shape[-1]))
+
+        def act_bwd(s: _NB):
+            (s.tmp["g_gu"],) = torch.autograd.grad(s.rec[l]["act"], s.rec[l]["gu"], s.tmp["g_a"])
+
+        def fc1_dgrad(s: _NB):
+            s.out = (s.tmp["g_gu"] @ self._p(l, 4)).contiguous()
+
+        def fc1_wgrad(s: _NB):
+            g, n = s.tmp["g_gu"], s.rec[l]["n2"]
+            self._acc(l, 4, g.reshape(-1, g.shape[-1]).t() @ n.reshape(-1, n.shape[-1]))
+            s.tmp.clear()
+
+        def deliver(s: _NB, g: torch.Tensor):
+            n, r, w = s.rec[l]["norm2"]
+            s.g_reduced, s.norm_pending = g, (n, r, w, 6 * l + 3)
+
+        ops = [("rmsnorm_bwd", self._norm_bwd), ("residual_grad_add", self._residual_grad_add),
+               ("fc2_dgrad", fc2_dgrad), ("fc2_wgrad", fc2_wgrad), ("swiglu_bwd", act_bwd),
+               ("fc1_dgrad", fc1_dgrad), ("fc1_wgrad", fc1_wgrad)]
+        return _Block("bwd_mlp", l, ops, lambda s: s.out, deliver)
+
+    def bwd_attn(self, l: int) -> _Block:
+        def out_dgrad(s: _NB):
+            s.tmp["g_o"] = s.g_r @ self._p(l, 2)
+
+        def out_wgrad(s: _NB):
+            o = s.rec[l]["o"]
+            self._acc(l, 2, s.g_r.reshape(-1, s.g_r.shape[-1]).t() @ o.reshape(-1, o.shape[-1]))
+
+        def attn_bwd(s: _NB):
+            s.tmp["g_qkv_rot"] = torch.autograd.grad(s.rec[l]["attn"], s.rec[l]["qkv_rot"],
+                                                     s.tmp["g_o"])
+
+        def rope_bwd(s: _NB):
+            (s.tmp["g_qkv"],) = torch.autograd.grad(s.rec[l]["rope"], s.rec[l]["qkv"],
+                                                    s.tmp["g_qkv_rot"])
+
+        def qkv_dgrad(s: _NB):
+            s.out = (s.tmp["g_qkv"] @ self._p(l, 1)).contiguous()
+
+        def qkv_wgrad(s: _NB):
+            g, n = s.tmp["g_qkv"], s.rec[l]["n1"]
+            self._acc(l, 1, g.reshape(-1, g.shape[-1]).t() @ n.reshape(-1, n.shape[-1]))
+            s.tmp.clear()
+
+        def deliver(s: _NB, g: torch.Tensor):
+            n, r, w = s.rec[l]["norm1"]
+            s.g_reduced, s.norm_pending = g, (n, r, w, 6 * l + 0)
+
+        ops = [("rmsnorm_bwd", self._norm_bwd), ("residual_grad_add", self._residual_grad_add),
+               ("out_proj_dgrad", out_dgrad), ("out_proj_wgrad", out_wgrad),
+               ("attention_bwd", attn_bwd), ("rope_bwd", rope_bwd), ("qkv_dgrad", qkv_dgrad),
+               ("qkv_wgrad", qkv_wgrad)]
+        return _Block("bwd_attn", l, ops, lambda s: s.out, deliver)
+
+
+@dataclass
+class TraceEvent:
+    """One collective launch of the executor, for tests and timelines."""
+
+    direction: str  # "forward" or "backward" (the instruction)
+    key: str  # partition key of the compute block it overlapped ("" for the stack tail)
+    occurrence: int  # index of that partition instance in the instruction
+    layer: int
+    compute_nb: int  # nano-batch whose compute the collective overlapped
+    collective_nb: int
+    collective_of: str  # key of the block that produced the collective's input
+    op_index: int  # launched right before this op of the compute block (-1: alone, at the tail)
+    op: str
+    sms: Optional[int]
+
+
+def _run_chain(blocks: List[_Block], states: List[_NB], cursor: _Cursor, group_for_sms,
+               direction: str, trace: Optional[List[TraceEvent]]) -> None:
+    """Runs NB0 b0, NB1 b0, NB0 b1, NB1 b1, ...: each nano-batch's collective is launched
+    asynchronously right before the plan's slot op of the other nano-batch's next block and
+    waited at that block's end; the last collective runs alone (the stack tail)."""
+    pending: Optional[Tuple[_NB, _Block, torch.Tensor, int]] = None
+    seen: Dict[str, int] = {}
+    for step in range(2 * len(blocks)):
+        blk, nb = blocks[step // 2], step % 2
+        st = states[nb]
+        launch_at, sms, handle = -1, None, None
+        if pending is not None:
+            choice = cursor.next(blk.key)
+            slot = choice.slot if choice is not None else _BLOCK_OPS[blk.key][0][1]
+            sms = choice.sms if choice is not None else None
+            allowed = BLOCK_SLOTS[blk.key]
+            if slot not in allowed:
+                raise ValueError(f"kareus.torch: partition '{blk.key}': unknown launch slot "
+                                 f"'{slot}'; allowed: {', '.join(allowed)}")
+            launch_at = allowed[slot]
+        for i, (name, op) in enumerate(blk.ops):
+            if i == launch_at:
+                p_state, p_blk, tensor, p_nb = pending
+                handle = dist.all_reduce(tensor, group=group_for_sms(sms), async_op=True)
+                if trace is not None:
+                    occ = seen.get(blk.key, 0)
+                    trace.append(TraceEvent(direction, blk.key, occ, blk.layer, nb, p_nb,
+                                            p_blk.key, i, name, sms))
+            op(st)
+        if pending is not None:
+            seen[blk.key] = seen.get(blk.key, 0) + 1
+            handle.wait()
+            pending[1].deliver(pending[0], pending[2])
+        pending = (st, blk, blk.collective_input(st), nb)
+    p_state, p_blk, tensor, p_nb = pending
+    if trace is not None:
+        trace.append(TraceEvent(direction, "", 0, p_blk.layer, -1, p_nb, p_blk.key, -1, "", None))
+    dist.all_reduce(tensor, group=group_for_sms(None))
+    p_blk.deliver(p_state, tensor)
+
+
+class _NanoStackFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, stack, *weights):  # type: ignore[override]
+        settings = stack._settings_for("forward")
+        ctx.stack, ctx.microbatch = stack, None if settings is None else settings.microbatch
+        grads: List[Optional[torch.Tensor]] = [None] * len(weights)
+        b = _Builder(stack.layers, weights, grads)
+        record = not stack.recompute
+        x0, x1 = x.detach().chunk(2, dim=0)
+        states = [_NB(x0.contiguous()), _NB(x1.contiguous())]
+        blocks: List[_Block] = []
+        for l in range(len(stack.layers)):
+            blocks += [b.fwd_attn(l, record, False), b.fwd_mlp(l, record, False)]
+        _run_chain(blocks, states, _Cursor(settings), stack.group_for_sms, "forward", stack.trace)
+        out = torch.cat([(s.r.detach() + s.y) for s in states], dim=0)
+        if stack.recompute:
+            ctx.ckpts = [dict(s.ckpt) for s in states]  # layer inputs only
+        else:
+            ctx.states = states
+        ctx.save_for_backward(*weights)
+        return out
+
+    @staticmethod
+    def backward(ctx, g_out):  # type: ignore[override]
+        stack = ctx.stack
+        settings = stack._settings_for("backward")
+        if settings is not None and ctx.microbatch is not None and \
+                settings.microbatch != ctx.microbatch:
+            raise RuntimeError(
+                f"kareus.torch: the backward of micro-batch {ctx.microbatch} ran while the hooks' "
+                f"open instruction is backward of micro-batch {settings.microbatch}")
+        weights = ctx.saved_tensors
+        grads: List[Optional[torch.Tensor]] = [None] * len(weights)
+        b = _Builder(stack.layers, weights, grads)
+        g0, g1 = g_out.chunk(2, dim=0)
+        if stack.recompute:
+            states = [_NB(None), _NB(None)]
+            for s, ck in zip(states, ctx.ckpts):
+                s.ckpt = ck
+        else:
+            states = ctx.states
+        for s, g in zip(states, (g0, g1)):
+            s.g_r = g.contiguous()
+        blocks: List[_Block] = []
+        for l in reversed(range(len(stack.layers))):
+            if stack.recompute:
+                blocks += [b.fwd_attn(l, True, True), b.fwd_mlp(l, True, True)]
+            blocks += [b.bwd_mlp(l), b.bwd_attn(l)]
+        _run_chain(blocks, states, _Cursor(settings), stack.group_for_sms, "backward", stack.trace)
+        for s in states:  # the stack input's gradient: the last norm backward and residual add
+            b._norm_bwd(s)
+            b._residual_grad_add(s)
+        g_x = torch.cat([s.g_r for s in states], dim=0)
+        ctx.states = ctx.ckpts = None
+        return (g_x, None, *[torch.zeros_like(w) if g is None else g
+                             for g, w in zip(grads, weights)])
+
+
+class NanoBatchedStack(nn.Module):
+    """The layers of one pipeline stage, run as two nano-batches with overlapped TP collectives.
+
+    ``layers``: the stage's :class:`TPTransformerLayer` s (their parameters are used, not
+    copied). ``hooks``: a :class:`PipelineHooks` (or any object with a ``current`` attribute
+    holding the open instruction's :class:`InstructionSettings`); ``None`` or settings ``None``
+    run every collective at the partition start (the Nanobatching baseline). ``recompute``:
+    full recompute, as Kareus plans it (the backward instruction re-runs each layer's forward,
+    with the plan's ``fwd_*`` settings of that backward instruction, right before its backward).
+    ``group_for_sms(sms)`` returns the process group a collective with that SM count uses
+    (``sms`` is None where the plan gives none); by default the layers' TP group.
+    ``trace``: a list that receives a :class:`TraceEvent` per collective, or None.
+
+    The micro-batch (dimension 0 of the input) must be even. Not thread-safe.
+    """
+
+    def __init__(self, layers: Sequence[TPTransformerLayer], hooks: Any = None,
+                 recompute: bool = True, group_for_sms: Optional[Callable[[Optional[int]],
+                                                                          Any]] = None,
+                 trace: Optional[List[TraceEvent]] = None):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.hooks, self.recompute, self.trace = hooks, recompute, trace
+        group = layers[0].group if layers else None
+        self.group_for_sms = group_for_sms or (lambda sms: group)
+
+    def _settings_for(self, kind: str) -> Optional[InstructionSettings]:
+        s = None if self.hooks is None else getattr(self.hooks, "current", None)
+        if s is not None and s.kind != kind:
+            raise RuntimeError(f"kareus.torch: the layer stack ran its {kind} while the hooks' "
+                               f"open instruction is {s.kind} of micro-batch {s.microbatch}")
+        return s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] < 2 or x.shape[0] % 2:
+            raise ValueError(f"kareus.torch: nano-batching needs an even micro-batch of at least "
+                             f"2 sequences, got {x.shape[0]}")
+        weights = [w for layer in self.layers for w in layer.params()]
+        return _NanoStackFunction.apply(x, self, *weights)

@@ -1,0 +1,283 @@
+// The `cuda` profiling backend (see cuda_profiler.h and docs/cuda.md). One point: the plan of the
+// partition at the configuration's slot, the executor prepared with the configuration's CTA
+// count, the clock locked through nvml::ClockGuard when clock control is allowed, then
+// run_protocol() over a MeasurementTarget that runs the executor and reads NVML. Energy per GPU
+// is the counter's difference over the window, summed over the group, divided by iterations and
+// GPUs (the protocol does the division); time is the maximum over ranks of CUDA-event time.
+// Static power follows the Kareus artifact: the group's GPUs blocked in a receive whose sender's
+// host thread sleeps, power taken from the energy counter over a window.
+#include "cuda_profiler.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <thread>
+
+#include "builtin.h"
+#include "cudnn_sdpa_backend.h"
+#include "kareus/error.h"
+
+namespace kareus {
+namespace cuda {
+namespace {
+
+void sleep_s(double seconds) {
+  if (seconds > 0) std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+}
+
+class GroupTarget : public MeasurementTarget {
+ public:
+  GroupTarget(GroupExecutor& ex, std::vector<nvml::Device*> devs)
+      : ex_(ex), devs_(std::move(devs)) {}
+  double run(int iterations) override { return ex_.run(iterations); }
+  double energy_j() override {
+    double e = 0;
+    for (auto* d : devs_) e += d->total_energy_j();
+    return e;
+  }
+  double temperature_c() override {
+    double t = -1e9;
+    for (auto* d : devs_) t = std::max(t, d->temperature_c());
+    return t;
+  }
+  int sm_clock_mhz() override {
+    int c = 1 << 30;
+    for (auto* d : devs_) c = std::min(c, d->sm_clock_mhz());
+    return c;
+  }
+  std::uint64_t throttle_mask() override {
+    std::uint64_t m = 0;
+    for (auto* d : devs_) {
+      const nvml::ClockEventReasons r = d->clock_event_reasons();
+      if (r.throttled()) m |= r.mask;
+    }
+    return m;
+  }
+  std::string describe_throttle(std::uint64_t mask) const override {
+    nvml::ClockEventReasons r;
+    r.mask = mask;
+    return r.describe();
+  }
+  void idle(double seconds) override { sleep_s(seconds); }
+  int gpus() const override { return static_cast<int>(devs_.size()); }
+
+ private:
+  GroupExecutor& ex_;
+  std::vector<nvml::Device*> devs_;
+};
+
+int snap_clock(const GpuSpec& g, int mhz) {
+  const auto clocks = g.supported_freqs_mhz();
+  if (clocks.empty()) return mhz;
+  return *std::min_element(clocks.begin(), clocks.end(),
+                           [mhz](int a, int b) { return std::abs(a - mhz) < std::abs(b - mhz); });
+}
+
+}  // namespace
+
+CudaProfiler::CudaProfiler(const ProfilerOptions& o, CudaOptions c) : opt_(o), copt_(c) {
+  if (!(o.window_s > 0)) {
+    throw InvalidInput(fmt::format("--window-s must be > 0 (got {})", o.window_s));
+  }
+  if (!(o.cooldown_s >= 0)) {
+    throw InvalidInput(fmt::format("--cooldown-s must be >= 0 (got {})", o.cooldown_s));
+  }
+  copt_.protocol.window_s = o.window_s;
+  copt_.protocol.cooldown_s = o.cooldown_s;
+  const int visible = visible_device_count();  // NotSupported: "no CUDA device visible"
+  devices_ = o.devices;
+  if (devices_.empty()) {
+    for (int i = 0; i < visible; ++i) devices_.push_back(i);
+  }
+  for (int d : devices_) {
+    if (d < 0 || d >= visible) {
+      throw InvalidInput(fmt::format("--devices: GPU {} does not exist ({} visible: 0..{})", d,
+                                     visible, visible - 1));
+    }
+  }
+  for (int d : devices_) info_.push_back(device_info(d));
+  const std::string mapped = catalogue_gpu_for_device(info_[0].name);
+  const std::string wanted = o.gpu.empty() ? mapped : o.gpu;
+  if (wanted.empty()) {
+    throw InvalidInput(fmt::format(
+        "GPU 0 is '{}', which is not in the catalogue; name a catalogue GPU in the workload ({})",
+        info_[0].name, fmt::join(gpu_names(), ", ")));
+  }
+  gpu_ = gpu_by_name(wanted);
+  if (!mapped.empty() && mapped != gpu_.name) {
+    throw InvalidInput(fmt::format(
+        "the workload's GPU is '{}' but GPU {} is '{}' (catalogue '{}'); measurements would be "
+        "stored under the wrong GPU: set `gpu: {}` in the workload",
+        gpu_.name, devices_[0], info_[0].name, mapped, mapped));
+  }
+  try {
+    nvml::Options no;
+    no.access = o.allow_clock_control ? nvml::Access::kClockControl : nvml::Access::kReadOnly;
+    nvml_ = nvml::open(no);
+    driver_version_ = nvml_->driver_version();
+  } catch (const nvml::NvmlUnavailable& e) {
+    throw NotSupported(fmt::format("backend 'cuda' reads energy through NVML: {}", e.what()));
+  }
+  const int n_nvml = nvml_->device_count();
+  for (std::size_t r = 0; r < info_.size(); ++r) {
+    int match = -1;
+    for (int i = 0; i < n_nvml && match < 0; ++i) {
+      if (nvml_->device(i).uuid() == info_[r].uuid) match = i;
+    }
+    if (match < 0) {
+      throw InternalError(fmt::format("CUDA device {} ({}) has no NVML device with UUID {}",
+                                      devices_[r], info_[r].name, info_[r].uuid));
+    }
+    nvml_index_.push_back(match);
+  }
+  if (o.allow_clock_control) guard_ = std::make_unique<nvml::ClockGuard>(*nvml_);
+  // Settles cuDNN fused attention vs the fallback before the first fingerprint is read.
+  sdpa::probe_fused_attention(devices_[0]);
+}
+
+CudaProfiler::~CudaProfiler() {
+  executors_.clear();
+  guard_.reset();  // resets every clock this profiler locked
+}
+
+std::string CudaProfiler::fingerprint() const {
+  std::vector<std::string> names;
+  for (const auto& d : info_) names.push_back(d.name);
+  return fmt::format(
+      "cuda;gpu={};devices={};driver={};cuda_runtime={};window_s={};cooldown_s={};warmup={};"
+      "clocks={};{};proxy={}",
+      fmt::join(names, "|"), fmt::join(devices_, ","), driver_version_, cuda_runtime_version(),
+      copt_.protocol.window_s, copt_.protocol.cooldown_s, copt_.protocol.warmup_iterations,
+      guard_ ? "locked" : "observed", attention_field(), copt_.proxy_collective ? 1 : 0);
+}
+
+std::string CudaProfiler::attention_field() const {
+  const sdpa::AttentionPath& path = sdpa::attention_path();
+  if (!path.fused()) return path.fingerprint_field();
+  // The fused kernels differ between cuDNN releases: their version is part of the numbers.
+  return fmt::format("{};cudnn={}", path.fingerprint_field(), cudnn().version());
+}
+
+GroupExecutor& CudaProfiler::executor_for(int ranks) const {
+  auto it = executors_.find(ranks);
+  if (it != executors_.end()) return *it->second;
+  std::vector<int> devs(devices_.begin(), devices_.begin() + ranks);
+  return *executors_.emplace(ranks, std::make_unique<GroupExecutor>(devs)).first->second;
+}
+
+std::vector<nvml::Device*> CudaProfiler::nvml_devices(int ranks) const {
+  std::vector<nvml::Device*> d;
+  for (int r = 0; r < ranks; ++r) d.push_back(&nvml_->device(nvml_index_[static_cast<size_t>(r)]));
+  return d;
+}
+
+double CudaProfiler::nvml_temperature_c(int rank) {
+  return nvml_->device(nvml_index_.at(static_cast<size_t>(rank))).temperature_c();
+}
+
+std::optional<int> CudaProfiler::fixed_freq_mhz() const {
+  if (guard_) return std::nullopt;
+  if (fixed_clock_) return fixed_clock_;
+  // An idle card reports its idle clock; the clock that matters is the one under load.
+  GroupExecutor& ex = executor_for(1);
+  ex.start_busy(0.8);
+  sleep_s(0.4);
+  observed_raw_mhz_ = nvml_->device(nvml_index_[0]).sm_clock_mhz();
+  ex.wait();
+  fixed_clock_ = snap_clock(gpu_, observed_raw_mhz_);
+  return fixed_clock_;
+}
+
+ProtocolResult CudaProfiler::measure_plan(const std::string& what, const ExecutionPlan& plan,
+                                          int sms, int freq_mhz) {
+  const int group = plan.group_size();
+  const bool proxy = copt_.proxy_collective || group == 1;
+  const int ranks = proxy ? 1 : group;
+  if (ranks > static_cast<int>(devices_.size())) {
+    throw InvalidInput(fmt::format(
+        "{}: its collective spans {} GPUs but this process drives {} (--devices {}); run one "
+        "process per collective group on a node with {} GPUs (docs/cuda.md)",
+        what, group, devices_.size(), fmt::join(devices_, ","), group));
+  }
+  if (sms >= info_[0].sm_count) {
+    throw InvalidInput(fmt::format("{}: --sms {} leaves no SM for compute ({} has {} SMs)", what,
+                                   sms, info_[0].name, info_[0].sm_count));
+  }
+  int expected = 0;
+  if (guard_) {
+    for (int r = 0; r < ranks; ++r) guard_->lock(nvml_index_[static_cast<size_t>(r)], freq_mhz);
+    expected = freq_mhz;
+  } else if (const auto fixed = fixed_freq_mhz(); fixed && freq_mhz != *fixed) {
+    throw InvalidInput(fmt::format(
+        "{}: --freq {} MHz needs --allow-clock-control; without it the cuda backend measures at "
+        "the card's clock under load ({} MHz, observed {} MHz)",
+        what, freq_mhz, *fixed, observed_raw_mhz_));
+  }
+  GroupExecutor& ex = executor_for(ranks);
+  const bool fused_before = sdpa::attention_path().fused();
+  ex.prepare(plan, sms, proxy);
+  GroupTarget target(ex, nvml_devices(ranks));
+  last_ = run_protocol(target, copt_.protocol, expected);
+  if (fused_before && !sdpa::attention_path().fused()) {
+    // The fused path failed during this point (the warning names the step): measure it again,
+    // all on the fallback kernel, so that no point mixes the two implementations.
+    std::fprintf(stderr, "kareus: warning: %s measured again on the fallback attention kernel\n",
+                 what.c_str());
+    ex.prepare(plan, sms, proxy);
+    last_ = run_protocol(target, copt_.protocol, expected);
+  }
+  last_proxy_ = proxy && (plan.overlap.has_value() || group > 1);
+  return last_;
+}
+
+Measurement CudaProfiler::measure(const Partition& p, const PartitionConfig& c) {
+  const ExecutionPlan plan = plan_partition(p, c.slot);
+  const ProtocolResult r = measure_plan("partition " + p.key, plan, c.sms, c.freq_mhz);
+  return make_measurement(r.time_s, r.energy_j, static_power_w());
+}
+
+Measurement CudaProfiler::measure_segment(const Segment& s, int freq_mhz) {
+  const ExecutionPlan plan = plan_segment(s);
+  const ProtocolResult r =
+      measure_plan("segment " + s.name, plan, std::max(1, gpu_.nccl_default_channels), freq_mhz);
+  return make_measurement(r.time_s, r.energy_j, static_power_w());
+}
+
+double CudaProfiler::measure_static_power_w() {
+  GroupExecutor& ex = executor_for(static_cast<int>(devices_.size()));
+  const auto blocked = ex.blocked_ranks();
+  const auto devs = nvml_devices(static_cast<int>(devices_.size()));
+  auto energy = [&] {
+    double e = 0;
+    for (int r : blocked) e += devs[static_cast<size_t>(r)]->total_energy_j();
+    return e;
+  };
+  ex.begin_blocked_receive();
+  double power_w = 0;
+  try {
+    sleep_s(1.0);  // let the receive kernels and the power state settle
+    const double e0 = energy();
+    const auto t0 = std::chrono::steady_clock::now();
+    sleep_s(copt_.protocol.window_s);  // the sender's host thread sleeps
+    const double e1 = energy();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    power_w = (e1 - e0) / dt / static_cast<double>(blocked.size());
+  } catch (...) {
+    ex.end_blocked_receive();
+    throw;
+  }
+  ex.end_blocked_receive();
+  return power_w;
+}
+
+}  // namespace cuda
+
+std::unique_ptr<Profiler> make_cuda_profiler(const ProfilerOptions& o) {
+  return std::make_unique<cuda::CudaProfiler>(o);
+}
+
+}  // namespace kareus

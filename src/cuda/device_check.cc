@@ -1,0 +1,141 @@
+// Device check: see device_check.h. The emulator's prediction uses the catalogue entry of the
+// card (catalogue_gpu_for_device) and the same configuration (clock snapped to the catalogue's
+// grid, NCCL's default CTA count, collective launched at the partition start); it models a real
+// TP AllReduce over NVLink where the check runs a local copy, so the two agree only as far as
+// the compute dominates. The point of the check is that the backend runs end to end on a card.
+#include "device_check.h"
+
+#include <fmt/format.h>
+
+#include <ostream>
+
+#include "cuda_profiler.h"
+#include "cudnn_sdpa.h"
+#include "cudnn_sdpa_backend.h"
+#include "kareus/emulator.h"
+#include "kareus/error.h"
+#include "kareus/partition.h"
+#include "kareus/table.h"
+#include "kareus/workload.h"
+
+namespace kareus::cuda {
+
+nlohmann::json run_device_check(const DeviceCheckOptions& o, std::ostream& table) {
+  const Workload w = load_workload(o.workload);
+  const PartitionSet ps = partition_workload(w);
+  visible_device_count();  // NotSupported "no CUDA device visible" first, before anything else
+  const DeviceInfo dev = device_info(o.device);
+  const std::string mapped = catalogue_gpu_for_device(dev.name);
+
+  ProfilerOptions po;
+  po.gpu = mapped.empty() ? w.gpu_name : mapped;
+  po.devices = {o.device};
+  po.window_s = o.window_s;
+  po.cooldown_s = o.cooldown_s;
+  po.allow_clock_control = false;  // read-only NVML: the check never changes a card setting
+  CudaOptions co;
+  co.proxy_collective = true;
+  co.protocol.warmup_iterations = 5;
+  co.protocol.calibration_iterations = 10;
+  co.protocol.max_attempts = 2;
+  CudaProfiler prof(po, co);
+  const int clock = *prof.fixed_freq_mhz();
+  const EmulatorModel model(prof.gpu());
+
+  nlohmann::json j = {
+      {"device", dev.name},
+      {"device_index", o.device},
+      {"catalogue_gpu", mapped.empty() ? nlohmann::json() : nlohmann::json(mapped)},
+      {"sm_count", dev.sm_count},
+      {"observed_clock_mhz", prof.observed_clock_mhz()},
+      {"clock_mhz", clock},
+      {"window_s", o.window_s},
+      {"cooldown_s", o.cooldown_s},
+      {"nvml_access", "read-only"},
+      {"collective", "proxy: device-to-device copy of the payload on the same CTAs"},
+      {"attention", sdpa::attention_path().backend()},
+      {"workload", o.workload},
+      {"fingerprint", prof.fingerprint()}};
+  // cuDNN fused attention against the fallback kernel on small causal GQA shapes (top-left and
+  // bottom-right diagonal): the first numerical check of the fused graphs on a card.
+  std::string attention_check;
+  if (sdpa::attention_path().fused()) {
+    for (const AttentionShape& s :
+         {AttentionShape{2, 3, 256, 256, 128}, AttentionShape{2, 3, 128, 256, 128}}) {
+      const sdpa::CrossCheck c = sdpa::cross_check_fused_attention(o.device, s);
+      j["attention_cross_check"].push_back(
+          {{"shape", {s.groups, s.q_heads_per_group, s.q_len, s.kv_len, s.head_dim}},
+           {"error", c.error},
+           {"max_abs_diff",
+            {{"o", c.o},
+             {"lse", c.lse},
+             {"dq", c.dq},
+             {"dk", c.dk},
+             {"dv", c.dv},
+             {"row_sums", c.row_sums}}},
+           {"max_abs_fused",
+            {{"o", c.o_max},
+             {"lse", c.lse_max},
+             {"dq", c.dq_max},
+             {"dk", c.dk_max},
+             {"dv", c.dv_max}}},
+           {"agree", c.agree()}});
+      attention_check += fmt::format(
+          "attention cross check q_len {} kv_len {}: {}\n", s.q_len, s.kv_len,
+          !c.error.empty() ? "error: " + c.error
+                           : fmt::format("max |fused - fallback| O {:.3g} LSE {:.3g} dQ {:.3g} "
+                                         "dK {:.3g} dV {:.3g} rowsum {:.3g} -> {}",
+                                         c.o, c.lse, c.dq, c.dk, c.dv, c.row_sums,
+                                         c.agree() ? "agree" : "DISAGREE"));
+    }
+  }
+  TextTable t({"partition", "time_s", "energy_j", "clock_mhz", "temp_c", "emulator time_s",
+               "emulator energy_j", "stable"});
+  for (const Partition& p : ps.partitions) {
+    PartitionConfig c;
+    c.freq_mhz = clock;
+    c.sms = std::min(model.default_collective_sms(p.collective), dev.sm_count - 1);
+    c.slot = p.slots.at(0).name;
+    const Measurement m = prof.measure(p, c);
+    const ProtocolResult& r = prof.last_result();
+    nlohmann::json row = {{"partition", p.key},
+                          {"collective", "proxy"},
+                          {"sms", c.sms},
+                          {"slot", c.slot},
+                          {"time_s", m.time_s},
+                          {"energy_j", m.energy_j},
+                          {"clock_mhz", r.clock_mhz},
+                          {"temperature_before_c", r.temperature_before_c},
+                          {"temperature_after_c", r.temperature_after_c},
+                          {"iterations", r.iterations},
+                          {"attempts", r.attempts},
+                          {"stable", r.stable},
+                          {"attention", sdpa::attention_path().backend()},
+                          {"note", r.note}};
+    std::string pred_t = "-", pred_e = "-";
+    if (!mapped.empty()) {
+      const SimResult s = model.simulate_partition(p, c);
+      const double e = s.dynamic_energy_j + prof.gpu().static_power_w * s.time_s;
+      row["predicted_time_s"] = s.time_s;
+      row["predicted_energy_j"] = e;
+      pred_t = fmt::format("{:.5f}", s.time_s);
+      pred_e = fmt::format("{:.3f}", e);
+    }
+    j["partitions"].push_back(row);
+    t.add_row({p.key, fmt::format("{:.5f}", m.time_s), fmt::format("{:.3f}", m.energy_j),
+               std::to_string(r.clock_mhz),
+               fmt::format("{:.0f}->{:.0f}", r.temperature_before_c, r.temperature_after_c), pred_t,
+               pred_e, r.stable ? "yes" : "no"});
+  }
+  table << fmt::format(
+      "device check on {} (GPU {}, catalogue {}), clock {} MHz as found (read-only NVML), "
+      "collective = copy proxy on NCCL's default CTAs, attention = {}\n",
+      dev.name, o.device, mapped.empty() ? "none" : mapped, clock,
+      sdpa::attention_path().backend());
+  table << t.render();
+  table << attention_check;
+  j["attention"] = sdpa::attention_path().backend();
+  return j;
+}
+
+}  // namespace kareus::cuda

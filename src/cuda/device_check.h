@@ -1,0 +1,24 @@
+// The device check (scripts/device-check): the four partitions of a TP workload measured on ONE
+// GPU at its current clock through the protocol with short windows, the collective replaced by
+// its copy proxy, next to the emulator's prediction for that card. NVML is opened read-only, so
+// no card setting can change (every setter throws before reaching NVML).
+#pragma once
+
+#include <iosfwd>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace kareus::cuda {
+
+struct DeviceCheckOptions {
+  std::string workload;   ///< YAML file; its partitions are measured at full per-GPU shape
+  int device = 0;         ///< CUDA device index
+  double window_s = 1.0;  ///< protocol window (short: this is a check, not a profile)
+  double cooldown_s = 1.0;
+};
+
+/// Measures, prints a table to `table` and returns the same rows as JSON. Throws NotSupported
+/// without a device or NVML.
+nlohmann::json run_device_check(const DeviceCheckOptions& o, std::ostream& table);
+
+}  // namespace kareus::cuda

@@ -1,0 +1,465 @@
+// C API of the Kareus runtime (include/kareus/c_api.h), over kareus::Plan (format v2) and
+// runtime::FrequencyController. Follows XGBoost's C API pattern: every entry point catches every
+// exception, stores its message in a thread-local string and returns a status code, so no C++
+// exception crosses the boundary. The instruction hooks enforce the plan's 1F1B order because a
+// training loop that drifts from it would apply the wrong clocks and slots silently.
+#include "kareus/c_api.h"
+
+#include <fmt/format.h>
+
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "kareus/error.h"
+#include "kareus/plan.h"
+#include "kareus/runtime.h"
+#include "kareus/workload.h"
+
+namespace {
+
+thread_local std::string g_last_error;
+
+/// Errors of the C layer itself that have no counterpart in kareus/error.h.
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(int status, const std::string& what) : std::runtime_error(what), status_(status) {}
+  int status() const { return status_; }
+
+ private:
+  int status_;
+};
+
+[[noreturn]] void fail(int status, const std::string& what) { throw ApiError(status, what); }
+
+template <typename F>
+int guarded(const char* function, F&& body) {
+  try {
+    body();
+    return KAREUS_OK;
+  } catch (const ApiError& e) {
+    g_last_error = fmt::format("{}: {}", function, e.what());
+    return e.status();
+  } catch (const kareus::InvalidInput& e) {
+    g_last_error = e.what();
+    return KAREUS_ERR_INVALID_INPUT;
+  } catch (const kareus::NotSupported& e) {
+    g_last_error = e.what();
+    return KAREUS_ERR_NOT_SUPPORTED;
+  } catch (const kareus::Error& e) {
+    g_last_error = e.what();
+    return KAREUS_ERR_INTERNAL;
+  } catch (const std::bad_alloc&) {
+    g_last_error = fmt::format("{}: out of memory", function);
+    return KAREUS_ERR_INTERNAL;
+  } catch (const std::exception& e) {
+    g_last_error = fmt::format("{}: {}", function, e.what());
+    return KAREUS_ERR_INTERNAL;
+  } catch (...) {
+    g_last_error = fmt::format("{}: unknown exception", function);
+    return KAREUS_ERR_INTERNAL;
+  }
+}
+
+template <typename T>
+T* need(T* p, const char* name) {
+  if (p == nullptr) fail(KAREUS_ERR_ARGUMENT, fmt::format("'{}' is NULL", name));
+  return p;
+}
+
+kareus::InstructionKind to_kind(int kind) {
+  if (kind == KAREUS_FORWARD) return kareus::InstructionKind::kForward;
+  if (kind == KAREUS_BACKWARD) return kareus::InstructionKind::kBackward;
+  fail(KAREUS_ERR_ARGUMENT,
+       fmt::format("kind {}: allowed KAREUS_FORWARD (0), KAREUS_BACKWARD (1)", kind));
+}
+
+int from_kind(kareus::InstructionKind k) {
+  return k == kareus::InstructionKind::kForward ? KAREUS_FORWARD : KAREUS_BACKWARD;
+}
+
+}  // namespace
+
+struct kareus_controller {
+  std::unique_ptr<kareus::runtime::FrequencyController> impl;
+  pid_t pid = 0;
+  bool stopped = false;
+};
+
+struct kareus_plan {
+  kareus::Workload workload;
+  kareus::Plan plan;
+  std::string path;
+  int rank = 0;
+  int stage = 0;
+  /// Partitions of each instruction of the stage, ordered by key (the plan's map order).
+  std::vector<std::vector<std::pair<const std::string*, const kareus::PlanPartition*>>> parts;
+  kareus_controller* controller = nullptr;
+  std::size_t next = 0;  ///< index of the next (or open) instruction
+  bool open = false;
+
+  const kareus::PlanStage& st() const { return plan.stages.at(static_cast<std::size_t>(stage)); }
+  const kareus::PlanInstruction& instruction(int index) const {
+    const auto& ins = st().instructions;
+    if (index < 0 || static_cast<std::size_t>(index) >= ins.size()) {
+      fail(KAREUS_ERR_ARGUMENT, fmt::format("instruction index {}: stage {} has {} (0..{})", index,
+                                            stage, ins.size(), ins.size() - 1));
+    }
+    return ins[static_cast<std::size_t>(index)];
+  }
+  std::pair<const std::string*, const kareus::PlanPartition*> partition(int index, int p) const {
+    instruction(index);
+    const auto& list = parts[static_cast<std::size_t>(index)];
+    if (p < 0 || static_cast<std::size_t>(p) >= list.size()) {
+      fail(KAREUS_ERR_ARGUMENT,
+           fmt::format("partition index {}: instruction {} has {}", p, index, list.size()));
+    }
+    return list[static_cast<std::size_t>(p)];
+  }
+  std::string describe(std::size_t index) const {
+    const auto& in = st().instructions[index];
+    return fmt::format("{} of micro-batch {} (instruction {} of {})", kareus::to_string(in.kind),
+                       in.microbatch, index, st().instructions.size());
+  }
+};
+
+extern "C" {
+
+const char* kareus_last_error(void) { return g_last_error.c_str(); }
+
+const char* kareus_status_name(int status) {
+  switch (status) {
+    case KAREUS_OK:
+      return "KAREUS_OK";
+    case KAREUS_ERR_ARGUMENT:
+      return "KAREUS_ERR_ARGUMENT";
+    case KAREUS_ERR_INVALID_INPUT:
+      return "KAREUS_ERR_INVALID_INPUT";
+    case KAREUS_ERR_NOT_SUPPORTED:
+      return "KAREUS_ERR_NOT_SUPPORTED";
+    case KAREUS_ERR_ORDER:
+      return "KAREUS_ERR_ORDER";
+    case KAREUS_ERR_STATE:
+      return "KAREUS_ERR_STATE";
+    case KAREUS_ERR_INTERNAL:
+      return "KAREUS_ERR_INTERNAL";
+    default:
+      return "unknown";
+  }
+}
+
+const char* kareus_version(void) { return "0.1.0"; }
+
+int kareus_plan_format_version(void) { return kareus::Plan::kVersion; }
+
+int kareus_plan_open(const char* plan_path, const char* workload_path, int global_rank,
+                     kareus_plan** out) {
+  return guarded(__func__, [&] {
+    need(out, "out");
+    *out = nullptr;
+    need(plan_path, "plan_path");
+    need(workload_path, "workload_path");
+    auto h = std::make_unique<kareus_plan>();
+    h->path = plan_path;
+    h->workload = kareus::load_workload(workload_path);
+    h->plan = kareus::load_plan(plan_path, h->workload);
+    try {
+      h->stage = h->plan.stage_of_rank(global_rank);
+    } catch (const kareus::InvalidInput& e) {
+      throw kareus::InvalidInput(fmt::format("{}: global rank: {}", plan_path, e.what()));
+    }
+    h->rank = global_rank;
+    for (const auto& in : h->st().instructions) {
+      auto& list = h->parts.emplace_back();
+      for (const auto& [key, part] : in.partitions) list.push_back({&key, &part});
+    }
+    *out = h.release();
+  });
+}
+
+void kareus_plan_close(kareus_plan* plan) { delete plan; }
+
+int kareus_plan_rank(const kareus_plan* plan, int* global_rank) {
+  return guarded(__func__, [&] { *need(global_rank, "global_rank") = need(plan, "plan")->rank; });
+}
+
+int kareus_plan_stage(const kareus_plan* plan, int* stage) {
+  return guarded(__func__, [&] { *need(stage, "stage") = need(plan, "plan")->stage; });
+}
+
+int kareus_plan_num_stages(const kareus_plan* plan, int* stages) {
+  return guarded(__func__, [&] {
+    *need(stages, "stages") = static_cast<int>(need(plan, "plan")->plan.stages.size());
+  });
+}
+
+int kareus_plan_num_ranks(const kareus_plan* plan, int* ranks) {
+  return guarded(__func__, [&] { *need(ranks, "ranks") = need(plan, "plan")->plan.layout.gpus(); });
+}
+
+int kareus_plan_stage_of_rank(const kareus_plan* plan, int global_rank, int* stage) {
+  return guarded(__func__, [&] {
+    need(stage, "stage");
+    *stage = need(plan, "plan")->plan.stage_of_rank(global_rank);
+  });
+}
+
+int kareus_plan_stage_ranks(const kareus_plan* plan, int stage, int* ranks, int capacity,
+                            int* count) {
+  return guarded(__func__, [&] {
+    need(count, "count");
+    if (capacity < 0) fail(KAREUS_ERR_ARGUMENT, fmt::format("capacity {} < 0", capacity));
+    if (capacity > 0) need(ranks, "ranks");
+    const auto r = need(plan, "plan")->plan.layout.stage_ranks(stage);
+    for (std::size_t i = 0; i < r.size() && static_cast<int>(i) < capacity; ++i) ranks[i] = r[i];
+    *count = static_cast<int>(r.size());
+  });
+}
+
+int kareus_plan_workload_shape(const kareus_plan* plan, kareus_workload_shape* out) {
+  return guarded(__func__, [&] {
+    need(out, "out");
+    const auto& w = need(plan, "plan")->workload;
+    const auto& m = w.model;
+    *out = {};
+    out->layers = m.layers;
+    out->hidden = m.hidden;
+    out->ffn_hidden = m.ffn_hidden;
+    out->heads = m.heads;
+    out->kv_heads = m.kv_heads;
+    out->head_dim = m.head_dim;
+    out->vocab = m.vocab;
+    out->qk_norm = m.qk_norm ? 1 : 0;
+    out->tied_embeddings = m.tied_embeddings ? 1 : 0;
+    out->tp = w.parallel.tp;
+    out->cp = w.parallel.cp;
+    out->pp = w.parallel.pp;
+    out->dp = w.parallel.dp;
+    out->sequence_parallel = w.parallel.sequence_parallel ? 1 : 0;
+    out->micro_batch = w.batch.micro_batch;
+    out->seq_len = w.batch.seq_len;
+    out->micro_batches = w.batch.micro_batches;
+    out->nano_batches = w.batch.nano_batches;
+    out->recompute = w.recompute == kareus::Recompute::kFull ? 1 : 0;
+    out->stage_layers = w.parallel.stage_layers.at(static_cast<std::size_t>(plan->stage));
+  });
+}
+
+int kareus_plan_instruction_count(const kareus_plan* plan, int* count) {
+  return guarded(__func__, [&] {
+    *need(count, "count") = static_cast<int>(need(plan, "plan")->st().instructions.size());
+  });
+}
+
+int kareus_plan_instruction(const kareus_plan* plan, int index, kareus_instruction_info* out) {
+  return guarded(__func__, [&] {
+    need(out, "out");
+    const auto& in = need(plan, "plan")->instruction(index);
+    *out = {};
+    out->kind = from_kind(in.kind);
+    out->microbatch = in.microbatch;
+    out->freq_mhz = in.freq_mhz;
+    out->partition_count = static_cast<int>(in.partitions.size());
+    out->start_s = in.start_s;
+    out->end_s = in.end_s;
+    out->time_s = in.time_s;
+  });
+}
+
+int kareus_plan_find_instruction(const kareus_plan* plan, int kind, int microbatch, int* index) {
+  return guarded(__func__, [&] {
+    need(index, "index");
+    const auto k = to_kind(kind);
+    const auto& ins = need(plan, "plan")->st().instructions;
+    for (std::size_t i = 0; i < ins.size(); ++i) {
+      if (ins[i].kind == k && ins[i].microbatch == microbatch) {
+        *index = static_cast<int>(i);
+        return;
+      }
+    }
+    fail(KAREUS_ERR_ARGUMENT, fmt::format("stage {} has no {} of micro-batch {}", plan->stage,
+                                          kareus::to_string(k), microbatch));
+  });
+}
+
+int kareus_plan_partition(const kareus_plan* plan, int instruction, int partition,
+                          kareus_partition_info* out) {
+  return guarded(__func__, [&] {
+    need(out, "out");
+    const auto [key, p] = need(plan, "plan")->partition(instruction, partition);
+    *out = {};
+    out->key = key->c_str();
+    out->sms = p->sms;
+    out->slot = p->slot.c_str();
+    out->slot_op = p->slot_op.c_str();
+    out->slot_op_index = p->slot_op_index;
+    out->recompute = p->recompute ? 1 : 0;
+    out->instances = p->instances;
+    out->mix_count = static_cast<int>(p->mix.size());
+  });
+}
+
+int kareus_plan_partition_mix(const kareus_plan* plan, int instruction, int partition, int entry,
+                              kareus_mix_info* out) {
+  return guarded(__func__, [&] {
+    need(out, "out");
+    const auto [key, p] = need(plan, "plan")->partition(instruction, partition);
+    if (entry < 0 || static_cast<std::size_t>(entry) >= p->mix.size()) {
+      fail(KAREUS_ERR_ARGUMENT,
+           fmt::format("mix entry {}: partition '{}' has {}", entry, *key, p->mix.size()));
+    }
+    const auto& e = p->mix[static_cast<std::size_t>(entry)];
+    *out = {};
+    out->sms = e.sms;
+    out->slot = e.slot.c_str();
+    out->slot_op = e.slot_op.c_str();
+    out->slot_op_index = e.slot_op_index;
+    out->first_instance = e.first_instance;
+    out->instances = e.instances;
+  });
+}
+
+int kareus_controller_start(int gpu_index, int dry_run, const char* log_path,
+                            kareus_controller** out) {
+  kareus_controller_options o{};
+  o.gpu_index = gpu_index;
+  o.dry_run = dry_run;
+  o.log_path = log_path;
+  return kareus_controller_start_ex(&o, out);
+}
+
+int kareus_controller_start_ex(const kareus_controller_options* options, kareus_controller** out) {
+  return guarded(__func__, [&] {
+    need(out, "out");
+    *out = nullptr;
+    need(options, "options");
+    if (options->gpu_index < 0) {
+      fail(KAREUS_ERR_ARGUMENT, fmt::format("gpu_index {} < 0", options->gpu_index));
+    }
+    kareus::runtime::ControllerOptions o;
+    o.gpu_index = options->gpu_index;
+    o.dry_run = options->dry_run != 0;
+    if (options->log_path) o.log_path = options->log_path;
+    if (options->executable) o.executable = options->executable;
+    if (options->nvml_library) o.nvml_library = options->nvml_library;
+    o.coalesce = options->coalesce != 0;
+    if (o.dry_run && o.log_path.empty()) {
+      fail(KAREUS_ERR_ARGUMENT, "a dry-run controller needs log_path (its JSON-lines log)");
+    }
+    auto c = std::make_unique<kareus_controller>();
+    c->impl = kareus::runtime::FrequencyController::start(o);
+    c->pid = c->impl->pid();
+    *out = c.release();
+  });
+}
+
+int kareus_controller_set_clock(kareus_controller* controller, int freq_mhz) {
+  return guarded(__func__, [&] {
+    need(controller, "controller");
+    if (freq_mhz < 0) fail(KAREUS_ERR_ARGUMENT, fmt::format("freq_mhz {} < 0", freq_mhz));
+    if (controller->stopped) {
+      fail(KAREUS_ERR_STATE, fmt::format("controller (pid {}) is stopped", controller->pid));
+    }
+    controller->impl->set_clock(freq_mhz);
+  });
+}
+
+int kareus_controller_pid(const kareus_controller* controller, int* pid) {
+  return guarded(
+      __func__, [&] { *need(pid, "pid") = static_cast<int>(need(controller, "controller")->pid); });
+}
+
+int kareus_controller_stop(kareus_controller* controller) {
+  return guarded(__func__, [&] {
+    need(controller, "controller");
+    if (controller->stopped) return;
+    controller->stopped = true;
+    controller->impl->stop();
+  });
+}
+
+void kareus_controller_free(kareus_controller* controller) {
+  if (controller == nullptr) return;
+  // Stop first, here, where a failure can be caught: it must not escape into C.
+  (void)kareus_controller_stop(controller);
+  delete controller;
+}
+
+int kareus_plan_attach_controller(kareus_plan* plan, kareus_controller* controller) {
+  return guarded(__func__, [&] { need(plan, "plan")->controller = controller; });
+}
+
+int kareus_instruction_begin(kareus_plan* plan, int kind, int microbatch) {
+  return guarded(__func__, [&] {
+    need(plan, "plan");
+    const auto k = to_kind(kind);
+    const auto& ins = plan->st().instructions;
+    if (plan->open) {
+      fail(KAREUS_ERR_ORDER,
+           fmt::format("rank {} (stage {}): begin of {} of micro-batch {} while {} is open; call "
+                       "kareus_instruction_end first",
+                       plan->rank, plan->stage, kareus::to_string(k), microbatch,
+                       plan->describe(plan->next)));
+    }
+    const auto& want = ins.at(plan->next);
+    if (want.kind != k || want.microbatch != microbatch) {
+      fail(KAREUS_ERR_ORDER,
+           fmt::format("rank {} (stage {}): begin of {} of micro-batch {}, but the plan's 1F1B "
+                       "order runs {} next",
+                       plan->rank, plan->stage, kareus::to_string(k), microbatch,
+                       plan->describe(plan->next)));
+    }
+    if (plan->controller != nullptr) {
+      if (plan->controller->stopped) {
+        fail(KAREUS_ERR_STATE,
+             fmt::format("the attached controller (pid {}) is stopped", plan->controller->pid));
+      }
+      plan->controller->impl->set_clock(want.freq_mhz);
+    }
+    plan->open = true;
+  });
+}
+
+int kareus_instruction_end(kareus_plan* plan, int kind, int microbatch) {
+  return guarded(__func__, [&] {
+    need(plan, "plan");
+    const auto k = to_kind(kind);
+    const auto& ins = plan->st().instructions;
+    const auto& want = ins.at(plan->next);
+    if (!plan->open) {
+      fail(KAREUS_ERR_ORDER,
+           fmt::format("rank {} (stage {}): end of {} of micro-batch {} without a begin; next in "
+                       "the plan is {}",
+                       plan->rank, plan->stage, kareus::to_string(k), microbatch,
+                       plan->describe(plan->next)));
+    }
+    if (want.kind != k || want.microbatch != microbatch) {
+      fail(KAREUS_ERR_ORDER,
+           fmt::format("rank {} (stage {}): end of {} of micro-batch {}, but the open "
+                       "instruction is {}",
+                       plan->rank, plan->stage, kareus::to_string(k), microbatch,
+                       plan->describe(plan->next)));
+    }
+    plan->open = false;
+    plan->next = (plan->next + 1) % ins.size();
+  });
+}
+
+int kareus_plan_position(const kareus_plan* plan, int* next_index, int* open) {
+  return guarded(__func__, [&] {
+    need(plan, "plan");
+    *need(next_index, "next_index") = static_cast<int>(plan->next);
+    *need(open, "open") = plan->open ? 1 : 0;
+  });
+}
+
+int kareus_plan_reset_position(kareus_plan* plan) {
+  return guarded(__func__, [&] {
+    need(plan, "plan")->next = 0;
+    plan->open = false;
+  });
+}
+
+}  // extern "C"

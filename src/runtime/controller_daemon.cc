@@ -1,0 +1,265 @@
+// The frequency controller process (kareus-freqd): owns one GPU's SM clock for a training
+// process, after Perseus's asynchronous controller (Chung et al., SOSP '24). It reads target
+// clocks from its input, locks the clock only when the target differs from the current lock
+// (nvmlDeviceSetGpuLockedClocks(f, f); 0 resets), and resets on every way out: end-of-file (the
+// client stopped or died), SIGTERM/SIGINT/SIGHUP, and the parent's death. Signals are blocked
+// and read from a signalfd, so the reset and the final log line happen in normal context; the
+// NVML layer's own signal handlers remain as a backstop.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <vector>
+
+#include "kareus/error.h"
+#include "kareus/nvml.h"
+#include "kareus/runtime.h"
+
+namespace kareus::runtime {
+namespace {
+
+void write_all(int fd, const std::string& text) {
+  std::size_t off = 0;
+  while (off < text.size()) {
+    const ssize_t n = write(fd, text.data() + off, text.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    off += static_cast<std::size_t>(n);
+  }
+}
+
+double now_epoch_s() {
+  const auto t = std::chrono::system_clock::now().time_since_epoch();
+  return static_cast<double>(std::chrono::duration_cast<std::chrono::microseconds>(t).count()) /
+         1e6;
+}
+
+class TransitionLog {
+ public:
+  TransitionLog(const std::string& path, int gpu) : gpu_(gpu) {
+    if (path.empty()) return;
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd_ < 0) {
+      throw InvalidInput(
+          fmt::format("--log {}: cannot open for writing: {}", path, std::strerror(errno)));
+    }
+  }
+  ~TransitionLog() {
+    if (fd_ >= 0) close(fd_);
+  }
+  TransitionLog(const TransitionLog&) = delete;
+  TransitionLog& operator=(const TransitionLog&) = delete;
+
+  // One write() per line, so a kill at any moment leaves only whole lines.
+  void event(const char* kind, int freq_mhz, const char* reason = nullptr,
+             const std::string& message = {}) {
+    if (fd_ < 0) return;
+    std::string line = fmt::format(R"({{"t_s": {:.6f}, "gpu": {}, "freq_mhz": {}, "event": "{}")",
+                                   now_epoch_s(), gpu_, freq_mhz, kind);
+    if (reason != nullptr) line += fmt::format(R"(, "reason": "{}")", reason);
+    if (!message.empty()) line += R"(, "message": )" + nlohmann::json(message).dump();
+    line += "}\n";
+    write_all(fd_, line);
+  }
+
+ private:
+  int gpu_;
+  int fd_ = -1;
+};
+
+// What touches the clock: NVML through a ClockGuard, or nothing in a dry run.
+class Actuator {
+ public:
+  Actuator(const ControllerDaemonOptions& o) : gpu_(o.gpu_index) {
+    if (o.dry_run) return;
+    nvml_ = nvml::open({nvml::Access::kClockControl, o.nvml_library});
+    nvml_->device(gpu_);  // validates the index before the controller reports ready
+    guard_ = std::make_unique<nvml::ClockGuard>(*nvml_);
+  }
+  ~Actuator() {
+    guard_.reset();  // resets before NVML shuts down
+    nvml_.reset();
+  }
+  Actuator(const Actuator&) = delete;
+  Actuator& operator=(const Actuator&) = delete;
+
+  void apply(int freq_mhz) {
+    if (!guard_) return;
+    if (freq_mhz == 0) {
+      guard_->reset(gpu_);
+    } else {
+      guard_->lock(gpu_, freq_mhz);
+    }
+  }
+
+ private:
+  int gpu_;
+  std::unique_ptr<nvml::Nvml> nvml_;
+  std::unique_ptr<nvml::ClockGuard> guard_;
+};
+
+class Controller {
+ public:
+  Controller(const ControllerDaemonOptions& o, TransitionLog& log, Actuator& actuator)
+      : o_(o), log_(log), actuator_(actuator) {}
+
+  void apply(int target_mhz) {
+    if (target_mhz < 0) {
+      std::fprintf(stderr, "kareus-freqd: gpu %d: ignoring invalid target %d MHz\n", o_.gpu_index,
+                   target_mhz);
+      return;
+    }
+    if (target_mhz == current_mhz_) return;
+    try {
+      actuator_.apply(target_mhz);
+    } catch (const Error& e) {
+      // The training job goes on at whatever clock the GPU has; say so once per kind of failure.
+      const std::string what = e.what();
+      log_.event("error", target_mhz, nullptr, what);
+      if (reported_.insert(what).second) {
+        std::fprintf(stderr, "kareus-freqd: gpu %d: %s\n", o_.gpu_index, what.c_str());
+      }
+      return;
+    }
+    current_mhz_ = target_mhz;
+    if (target_mhz == 0) {
+      log_.event("reset", 0, "request");
+    } else {
+      log_.event("lock", target_mhz);
+    }
+  }
+
+  void finish(const char* reason) {
+    if (current_mhz_ != 0) {
+      try {
+        actuator_.apply(0);
+      } catch (const Error& e) {
+        log_.event("error", 0, nullptr, e.what());
+        std::fprintf(stderr, "kareus-freqd: gpu %d: %s\n", o_.gpu_index, e.what());
+      }
+    }
+    current_mhz_ = 0;
+    log_.event("reset", 0, reason);
+  }
+
+ private:
+  const ControllerDaemonOptions& o_;
+  TransitionLog& log_;
+  Actuator& actuator_;
+  int current_mhz_ = 0;  // 0: default clocks (what the GPU has when the controller starts)
+  std::set<std::string> reported_;
+};
+
+}  // namespace
+
+int run_controller_daemon(const ControllerDaemonOptions& o) {
+  // A client that dies must not kill us through SIGPIPE on the ready pipe before the reset.
+  signal(SIGPIPE, SIG_IGN);
+  sigset_t mask;
+  sigemptyset(&mask);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&mask, sig);
+  // Blocked before the death signal is armed, so it lands in the signalfd, never kills us early.
+  sigprocmask(SIG_BLOCK, &mask, nullptr);
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  const bool orphaned = o.parent_pid > 0 && getppid() != o.parent_pid;
+
+  std::unique_ptr<TransitionLog> log;
+  std::unique_ptr<Actuator> actuator;
+  int sfd = -1;
+  try {
+    if (o.gpu_index < 0) {
+      throw InvalidInput(fmt::format("--gpu must be >= 0, got {}", o.gpu_index));
+    }
+    if (o.dry_run && o.log_path.empty()) {
+      throw InvalidInput("--dry-run needs --log FILE (the log is the only output of a dry run)");
+    }
+    log = std::make_unique<TransitionLog>(o.log_path, o.gpu_index);
+    actuator = std::make_unique<Actuator>(o);
+    sfd = signalfd(-1, &mask, SFD_CLOEXEC);
+    if (sfd < 0) throw Error(fmt::format("signalfd: {}", std::strerror(errno)));
+  } catch (const std::exception& e) {
+    if (o.ready_fd >= 0) {
+      write_all(o.ready_fd, std::string("E") + e.what());
+      close(o.ready_fd);
+    }
+    throw;
+  }
+  if (o.ready_fd >= 0) {
+    write_all(o.ready_fd, "R");
+    close(o.ready_fd);
+  }
+
+  // Non-blocking, so one readiness report can be drained completely (see the loop below).
+  fcntl(o.input_fd, F_SETFL, fcntl(o.input_fd, F_GETFL) | O_NONBLOCK);
+  Controller controller(o, *log, *actuator);
+  if (orphaned) {
+    controller.finish("parent_death");
+    close(sfd);
+    return 0;
+  }
+
+  // Targets arrive as records on a socket, but a byte stream (a pipe, a file) works the same.
+  std::vector<char> pending;
+  int exit_code = 0;
+  const char* reason = "eof";
+  for (;;) {
+    pollfd fds[2] = {{o.input_fd, POLLIN, 0}, {sfd, POLLIN, 0}};
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      reason = "error";
+      exit_code = 1;
+      break;
+    }
+    if ((fds[1].revents & POLLIN) != 0) {
+      signalfd_siginfo info = {};
+      if (read(sfd, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
+        const bool parent_gone = o.parent_pid > 0 && getppid() != o.parent_pid;
+        reason = parent_gone ? "parent_death" : "signal";
+        exit_code = parent_gone ? 0 : 128 + static_cast<int>(info.ssi_signo);
+        break;
+      }
+    }
+    if ((fds[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+    // Drain what is waiting (bounded, so signals are still seen under a flood), then apply.
+    bool eof = false;
+    for (int round = 0; round < 1024; ++round) {
+      char buf[64 * kWireMessageBytes];
+      const ssize_t n = read(o.input_fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      if (n <= 0) {  // end-of-file (or a reset connection): the client is done
+        eof = true;
+        break;
+      }
+      pending.insert(pending.end(), buf, buf + n);
+    }
+    const std::size_t whole = pending.size() / kWireMessageBytes * kWireMessageBytes;
+    std::vector<int> targets;
+    for (std::size_t off = 0; off < whole; off += kWireMessageBytes) {
+      std::int32_t target = 0;
+      std::memcpy(&target, pending.data() + off, kWireMessageBytes);
+      targets.push_back(target);
+    }
+    pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(whole));
+    if (o.coalesce && targets.size() > 1) targets.erase(targets.begin(), targets.end() - 1);
+    for (int t : targets) controller.apply(t);
+    if (eof) break;
+  }
+  controller.finish(reason);
+  close(sfd);
+  return exit_code;
+}
+
+}  // namespace kareus::runtime

@@ -1,0 +1,406 @@
+#!/usr/bin/python3
+"""Functional test of the Kareus runtime on CPU: a plan made by `kareus plan` runs a real
+(tiny) training iteration.
+
+A Llama-like model of 2 layers (hidden 64, 4 heads, 2 KV heads, SwiGLU, RoPE) is trained for one
+iteration with TP=2 and PP=2 on 4 processes (gloo), 1F1B over 4 micro-batches, twice:
+  1. plainly: Megatron-style layers, whole micro-batches, synchronous collectives, autograd;
+  2. through kareus.torch: each stage's layers as one NanoBatchedStack (two nano-batches,
+     asynchronous TP collectives launched before the plan's slot op, full recompute), with
+     kareus.Hooks around each instruction and a dry-run frequency controller per rank.
+Checks:
+  - losses and every gradient equal within 1e-5 relative;
+  - every collective of the nano-batched run was launched right before the compute op that the
+    plan's slot names (the op name comes from the C++ kernel graph, via the plan's slot_op);
+  - each rank's controller log holds exactly its stage's clock sequence, read independently from
+    the plan JSON with Megatron's rank order (repeats collapsed), then a reset;
+  - the controller process is gone after a normal stop, and after its training process is
+    killed with SIGKILL (bounded wait; this driver is a child subreaper so it can reap it).
+
+Usage (ctest runs it): functional_test.py --kareus BIN/kareus --workload tiny_tp2_pp2.yaml
+                                          --workdir DIR
+The module `kareus` must be importable (PYTHONPATH=<build>/python); KAREUS_FREQD may name the
+controller binary.
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+TOLERANCE = 1e-5
+SEED = 1234
+
+
+# ---------------------------------------------------------------------------------------------
+# One rank (a child process).
+
+
+def rank_main(args) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    import kareus
+    from kareus import torch as kt
+
+    torch.manual_seed(SEED)
+    torch.use_deterministic_algorithms(True)
+    rank, world = args.rank, args.world
+    dist.init_process_group("gloo", init_method=f"file://{args.workdir}/rendezvous", rank=rank,
+                            world_size=world)
+    plan = kareus.Plan(args.plan, args.workload)
+    w = plan.workload
+    tp, pp, mbs = w["tp"], w["pp"], w["micro_batches"]
+    assert w["cp"] == 1 and w["dp"] == 1 and tp * pp == world, w
+    stage = plan.stage_for_rank(rank)
+    stage_ranks = plan.ranks_of_stage(stage)
+    tp_rank = stage_ranks.index(rank)
+    groups = [dist.new_group(plan.ranks_of_stage(s)) for s in range(pp)]  # every rank, same order
+    tp_group = groups[stage]
+    shape = kt.ModelShape(w["layers"], w["hidden"], w["ffn_hidden"], w["heads"], w["kv_heads"],
+                          w["head_dim"], w["vocab"])
+    first_layer = sum(w["stage_layers"][:stage])
+    layers = [kt.TPTransformerLayer(shape, tp_rank, tp, tp_group, seed=SEED + 1 + first_layer + i)
+              for i in range(w["stage_layers"][stage])]
+    first, last = stage == 0, stage == pp - 1
+    g = torch.Generator().manual_seed(SEED)
+    emb_full = torch.randn(shape.vocab, shape.hidden, generator=g) * 0.5
+    head_full = torch.randn(shape.vocab, shape.hidden, generator=g) * shape.hidden ** -0.5
+    vocab_local = shape.vocab // tp
+    params = {f"layer{first_layer + i}.{n}": p for i, layer in enumerate(layers)
+              for n, p in layer.named_parameters()}
+    if first:  # vocab-parallel embedding (Megatron): each TP rank holds a slice of the rows
+        emb = torch.nn.Parameter(emb_full[tp_rank * vocab_local:(tp_rank + 1) * vocab_local]
+                                 .clone())
+        params["embedding"] = emb
+    if last:  # final norm and output layer, replicated over the TP group
+        final_norm = torch.nn.Parameter(torch.ones(shape.hidden))
+        head = torch.nn.Parameter(head_full.clone())
+        params["final_norm"] = final_norm
+        params["head"] = head
+    tokens = torch.randint(0, shape.vocab, (mbs, w["micro_batch"], w["seq_len"] + 1),
+                           generator=torch.Generator().manual_seed(SEED + 99))
+
+    def embed(t):
+        local = t - tp_rank * vocab_local
+        inside = (local >= 0) & (local < vocab_local)
+        x = F.embedding(local.clamp(0, vocab_local - 1), emb) * inside.unsqueeze(-1)
+        return kt.reduce_from_tp(x, tp_group)
+
+    def loss_of(x, labels):
+        x = kt.rmsnorm(x, final_norm, shape.norm_eps)
+        logits = F.linear(x, head)
+        return F.cross_entropy(logits.reshape(-1, shape.vocab), labels.reshape(-1)) / mbs
+
+    act_shape = (w["micro_batch"], w["seq_len"], shape.hidden)
+    prev_rank = stage_ranks[tp_rank] - tp if not first else None
+    next_rank = stage_ranks[tp_rank] + tp if not last else None
+
+    def iteration(stack, hooks):
+        """One 1F1B iteration; `stack` maps the stage input to its output."""
+        for p in params.values():
+            p.grad = None
+        saved, losses, sends = {}, [], []
+        for kind, m in kt.one_f_one_b_order(stage, pp, mbs):
+            if kind == "forward":
+                if first:
+                    x = None
+                else:
+                    x = torch.empty(act_shape)
+                    dist.recv(x, src=prev_rank, tag=m)
+                    x.requires_grad_(True)
+                hooks.on_instruction_begin("forward", m)
+                h = stack(embed(tokens[m, :, :-1]) if first else x)
+                out = loss_of(h, tokens[m, :, 1:]) if last else h
+                hooks.on_instruction_end("forward", m)
+                if last:
+                    losses.append(out.item())
+                else:
+                    sends.append(dist.isend(out.detach().contiguous(), dst=next_rank, tag=m))
+                saved[m] = (x, out)
+            else:
+                x, out = saved.pop(m)
+                grad = None
+                if not last:
+                    grad = torch.empty(act_shape)
+                    dist.recv(grad, src=next_rank, tag=1000 + m)
+                hooks.on_instruction_begin("backward", m)
+                torch.autograd.backward(out, grad)
+                hooks.on_instruction_end("backward", m)
+                if not first:
+                    sends.append(dist.isend(x.grad.contiguous(), dst=prev_rank, tag=1000 + m))
+        for s in sends:
+            s.wait()
+        return losses, {n: p.grad.detach().clone() for n, p in params.items()}
+
+    def plain(x):
+        for layer in layers:
+            x = layer(x)
+        return x
+
+    # 1. Plain Megatron-style run.
+    plain_losses, plain_grads = iteration(plain, kt.PipelineHooks(None, rank))
+
+    # 2. Kareus: hooks with the plan and a dry-run controller; nano-batched stack.
+    log_path = os.path.join(args.workdir, f"freqd_rank{rank}.jsonl")
+    if os.path.exists(log_path):
+        os.remove(log_path)
+    trace = []
+    controller = kareus.Controller(gpu_index=rank, dry_run=True, log_path=log_path)
+    controller_pid = controller.pid
+    with controller:
+        hooks = kt.PipelineHooks(plan, rank, controller)
+        assert hooks.stage == stage
+        nano = kt.NanoBatchedStack(layers, hooks, recompute=w["recompute"], trace=trace)
+        nano_losses, nano_grads = iteration(nano, hooks)
+
+    def rel(a, b):
+        return (a - b).abs().max().item() / max(b.abs().max().item(), 1e-30)
+
+    result = {
+        "rank": rank, "stage": stage, "tp_rank": tp_rank,
+        "plain_losses": plain_losses, "nano_losses": nano_losses,
+        "grad_rel_err": {n: rel(nano_grads[n], plain_grads[n]) for n in params},
+        "grad_norms": {n: plain_grads[n].norm().item() for n in params},
+        "log": log_path, "controller_pid": controller_pid,
+        "trace": [vars(e) for e in trace],
+        "plan_slot_ops": {f"{i.kind}/{i.microbatch}/{k}": [p.slot_op, p.sms]
+                          for i in plan.instructions(stage) for k, p in i.partitions.items()},
+        "hook_order": [(i.kind, i.microbatch) for i in plan.instructions(stage)],
+    }
+    with open(os.path.join(args.workdir, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def victim_main(args) -> None:
+    """A training process that starts a controller, runs two instructions, then hangs."""
+    import kareus
+
+    plan = kareus.Plan(args.plan, args.workload)
+    ctl = kareus.Controller(gpu_index=0, dry_run=True, log_path=args.log)
+    hooks = kareus.Hooks(plan, 0, ctl)
+    for ins in plan.instructions(0)[:2]:
+        hooks.on_instruction_begin(ins.kind, ins.microbatch)
+        hooks.on_instruction_end(ins.kind, ins.microbatch)
+    print(json.dumps({"controller_pid": ctl.pid}), flush=True)
+    time.sleep(120)
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver.
+
+
+def fail(msg: str) -> None:
+    print(f"FAIL: {msg}", flush=True)
+    sys.exit(1)
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("State:"):
+                    return "Z" not in line.split()[1]
+    except FileNotFoundError:
+        return False
+    return False
+
+
+def wait_gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:  # reap it if it became our child (we are a subreaper)
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        if not alive(pid):
+            return True
+        time.sleep(0.05)
+    return not alive(pid)
+
+
+def read_log(path: str):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def expected_clocks(plan_json: dict, rank: int):
+    """The stage's collapsed clock sequence, from the JSON alone (Megatron order tp-cp-dp-pp)."""
+    par = plan_json["parallel"]
+    stage = rank // (par["tp"] * par["cp"] * par["dp"])
+    seq = []
+    for ins in plan_json["stages"][stage]["instructions"]:
+        if not seq or seq[-1] != ins["freq_mhz"]:
+            seq.append(ins["freq_mhz"])
+    return stage, seq
+
+
+def driver(args) -> None:
+    t0 = time.monotonic()
+    os.makedirs(args.workdir, exist_ok=True)
+    for f in os.listdir(args.workdir):
+        os.remove(os.path.join(args.workdir, f))
+    # PR_SET_CHILD_SUBREAPER: orphaned controllers become our children, so we can reap them and
+    # tell "exited" from "still running" without relying on the container's init.
+    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
+
+    plan = os.path.join(args.workdir, "plan.json")
+    # Clock switches free (the paper's model): this workload's instructions last well under a
+    # switch, so with the catalogue's cost the plan would keep one clock, and a clock sequence is
+    # what is tested here.
+    r = subprocess.run([args.kareus, "plan", args.workload, "--min-energy",
+                        "--clock-switch-ms", "0", "--out", plan],
+                       capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        fail(f"kareus plan exited {r.returncode}: {r.stderr[-2000:]}")
+    with open(plan) as f:
+        plan_json = json.load(f)
+    world = plan_json["workload"]["gpus"]
+    print(f"plan: {plan} ({plan_json['goal']}, {world} ranks) after {time.monotonic() - t0:.1f} s",
+          flush=True)
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--world", str(world),
+                               "--plan", plan, "--workload", args.workload, "--workdir",
+                               args.workdir], env=env) for r in range(world)]
+    deadline = time.monotonic() + args.timeout_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            fail(f"ranks did not finish within {args.timeout_s} s")
+    if any(p.returncode != 0 for p in procs):
+        fail(f"rank exit codes {[p.returncode for p in procs]}")
+    print(f"4 ranks done after {time.monotonic() - t0:.1f} s", flush=True)
+
+    results = []
+    for rank in range(world):
+        with open(os.path.join(args.workdir, f"rank{rank}.json")) as f:
+            results.append(json.load(f))
+
+    worst_grad = 0.0
+    for res in results:
+        rank = res["rank"]
+        # Losses (last stage computes them).
+        pl, nl = res["plain_losses"], res["nano_losses"]
+        if len(pl) != len(nl):
+            fail(f"rank {rank}: {len(pl)} plain losses, {len(nl)} nano-batched")
+        for m, (a, b) in enumerate(zip(pl, nl)):
+            if abs(a - b) > TOLERANCE * abs(a):
+                fail(f"rank {rank}: loss of micro-batch {m}: plain {a!r}, nano-batched {b!r}")
+        # Gradients.
+        for name, err in res["grad_rel_err"].items():
+            worst_grad = max(worst_grad, err)
+            if not err <= TOLERANCE:
+                fail(f"rank {rank}: gradient of {name} differs by {err:.3e} relative")
+            if not res["grad_norms"][name] > 0:
+                fail(f"rank {rank}: gradient of {name} is zero (the test would prove nothing)")
+        # Launch points: before the op the plan's slot names, in every partition instance. The
+        # trace is split into instructions at each stack tail (key ""), in the plan's order.
+        want_ops = res["plan_slot_ops"]
+        launches = [e for e in res["trace"] if e["op_index"] >= 0]
+        if not launches:
+            fail(f"rank {rank}: the executor launched no overlapped collective")
+        order = [tuple(x) for x in res["hook_order"]]
+        chunks, cur = [], []
+        for e in res["trace"]:
+            cur.append(e)
+            if e["key"] == "":
+                chunks.append(cur)
+                cur = []
+        if cur or len(chunks) != len(order):
+            fail(f"rank {rank}: trace has {len(chunks)} instructions, plan {len(order)}")
+        for (kind, m), chunk in zip(order, chunks):
+            for e in chunk:
+                if e["direction"] != kind:
+                    fail(f"rank {rank}: {kind} {m}: a {e['direction']} collective in its trace")
+                if e["op_index"] < 0:
+                    continue
+                want, want_sms = want_ops[f"{kind}/{m}/{e['key']}"]
+                if e["op"] != want:
+                    fail(f"rank {rank}: {kind} {m} {e['key']}#{e['occurrence']}: collective "
+                         f"launched before '{e['op']}', the plan's slot op is '{want}'")
+                if e["sms"] != want_sms:
+                    fail(f"rank {rank}: {kind} {m} {e['key']}: collective given {e['sms']} SMs, "
+                         f"the plan says {want_sms}")
+                if e["compute_nb"] == e["collective_nb"]:
+                    fail(f"rank {rank}: a nano-batch overlapped its own collective")
+        # Controller log: the stage's clock sequence, then a reset.
+        stage, want = expected_clocks(plan_json, rank)
+        if stage != res["stage"]:
+            fail(f"rank {rank}: stage {res['stage']} from the module, {stage} from the JSON")
+        log = read_log(res["log"])
+        locks = [e["freq_mhz"] for e in log if e["event"] == "lock"]
+        if locks != want:
+            fail(f"rank {rank}: controller applied {locks}, plan's stage {stage} sequence {want}")
+        if not log or log[-1]["event"] != "reset":
+            fail(f"rank {rank}: controller log does not end with a reset: {log[-1:]}")
+        if any(e["gpu"] != rank for e in log):
+            fail(f"rank {rank}: log names another GPU: {log}")
+        if not wait_gone(res["controller_pid"], 5.0):
+            fail(f"rank {rank}: controller pid {res['controller_pid']} still runs after stop")
+        print(f"rank {rank} (stage {stage}): losses {nl}, max grad rel err "
+              f"{max(res['grad_rel_err'].values()):.2e}, {len(launches)} overlapped launches, "
+              f"clocks {locks}", flush=True)
+
+    # SIGKILL of a training process leaves no controller behind.
+    log = os.path.join(args.workdir, "victim.jsonl")
+    victim = subprocess.Popen([sys.executable, __file__, "--victim", "--plan", plan, "--workload",
+                               args.workload, "--log", log], env=env, stdout=subprocess.PIPE,
+                              text=True)
+    line = victim.stdout.readline()
+    if not line:
+        victim.kill()
+        fail(f"victim process exited {victim.wait()} before starting its controller")
+    cpid = json.loads(line)["controller_pid"]
+    if not alive(cpid):
+        fail(f"victim's controller pid {cpid} is not running before the kill")
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    if not wait_gone(cpid, 5.0):
+        os.kill(cpid, signal.SIGKILL)
+        fail(f"controller pid {cpid} still runs 5 s after its training process was killed")
+    events = read_log(log)
+    if not events or events[-1]["event"] != "reset":
+        fail(f"the orphaned controller did not reset the clock: {events}")
+    print(f"SIGKILL of the training process: controller {cpid} gone and reset; worst gradient "
+          f"relative error {worst_grad:.2e}; total {time.monotonic() - t0:.1f} s", flush=True)
+    print("PASS")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kareus")
+    ap.add_argument("--workload")
+    ap.add_argument("--workdir")
+    ap.add_argument("--timeout-s", type=float, default=100.0)
+    ap.add_argument("--rank", type=int)
+    ap.add_argument("--world", type=int)
+    ap.add_argument("--plan")
+    ap.add_argument("--victim", action="store_true")
+    ap.add_argument("--log")
+    args = ap.parse_args()
+    if args.victim:
+        victim_main(args)
+    elif args.rank is not None:
+        rank_main(args)
+    else:
+        if not (args.kareus and args.workload and args.workdir):
+            ap.error("--kareus, --workload and --workdir are required")
+        args.workload = os.path.abspath(args.workload)
+        args.workdir = os.path.abspath(args.workdir)
+        driver(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+#!/usr/bin/python3
+"""The Python module `kareus` (pybind11 over the C API): plans, hooks, controller, errors.
+
+Plans are made by the CLI for the tiny TP=2, PP=2 workload; expected values are read from the
+plan JSON independently of the module.
+
+Usage: module_test.py --kareus BIN/kareus --workload tiny_tp2_pp2.yaml --workdir DIR
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import unittest
+
+ARGS = None
+
+
+def setUpModule():
+    global PLAN, PLAN_JSON
+    os.makedirs(ARGS.workdir, exist_ok=True)
+    PLAN = os.path.join(ARGS.workdir, "plan.json")
+    # Clock switches free (the paper's model): this workload's instructions last well under a
+    # switch, so with the catalogue's cost the plan would keep one clock, and a clock sequence is
+    # what is tested here.
+    r = subprocess.run([ARGS.kareus, "plan", ARGS.workload, "--min-energy",
+                        "--clock-switch-ms", "0", "--out", PLAN],
+                       capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        raise RuntimeError(f"kareus plan failed: {r.stderr}")
+    with open(PLAN) as f:
+        PLAN_JSON = json.load(f)
+
+
+class PlanTest(unittest.TestCase):
+    def test_loads_and_matches_the_json(self):
+        import kareus
+
+        plan = kareus.Plan(PLAN, ARGS.workload)
+        self.assertEqual(plan.num_stages, 2)
+        self.assertEqual(plan.num_ranks, 4)
+        self.assertEqual([plan.stage_for_rank(r) for r in range(4)], [0, 0, 1, 1])
+        self.assertEqual(plan.ranks_of_stage(1), [2, 3])
+        self.assertEqual(plan.workload["hidden"], 64)
+        self.assertEqual(plan.workload["stage_layers"], [1, 1])
+        for s in range(2):
+            want = PLAN_JSON["stages"][s]["instructions"]
+            got = plan.instructions(s)
+            self.assertEqual(len(got), len(want))
+            for g, w in zip(got, want):
+                self.assertEqual((g.kind, g.microbatch, g.freq_mhz),
+                                 (w["instruction"], w["microbatch"], w["freq_mhz"]))
+                self.assertEqual(sorted(g.partitions), sorted(w["partitions"]))
+                for key, p in g.partitions.items():
+                    wp = w["partitions"][key]
+                    self.assertEqual((p.sms, p.slot, p.slot_op),
+                                     (wp["sms"], wp["slot"], wp["launch_before"]["op"]))
+                    self.assertEqual(p.recompute, g.kind == "backward" and key.startswith("fwd_"))
+            seq = []
+            for w in want:
+                if not seq or seq[-1] != w["freq_mhz"]:
+                    seq.append(w["freq_mhz"])
+            self.assertEqual(plan.clock_sequence(s), seq)
+            self.assertEqual(plan.clock_sequence(s, collapse=False),
+                             [w["freq_mhz"] for w in want])
+        s = plan.settings(1, "backward", 2)
+        self.assertEqual((s.kind, s.microbatch), ("backward", 2))
+
+    def test_errors_are_typed_exceptions_with_the_message(self):
+        import kareus
+
+        with self.assertRaises(kareus.InvalidInputError) as cm:
+            kareus.Plan("/no/such/plan.json", ARGS.workload)
+        self.assertIn("/no/such/plan.json", str(cm.exception))
+        self.assertIsInstance(cm.exception, ValueError)
+        self.assertIsInstance(cm.exception, kareus.Error)
+        bad = dict(PLAN_JSON)
+        bad["stages"] = json.loads(json.dumps(PLAN_JSON["stages"]))
+        bad["stages"][0]["instructions"][0]["partitions"]["fwd_attn"]["slot"] = "nowhere"
+        path = os.path.join(ARGS.workdir, "bad_slot.json")
+        with open(path, "w") as f:
+            json.dump(bad, f)
+        with self.assertRaises(kareus.InvalidInputError) as cm:
+            kareus.Plan(path, ARGS.workload)
+        self.assertIn("slot", str(cm.exception))
+        plan = kareus.Plan(PLAN, ARGS.workload)
+        with self.assertRaises(kareus.InvalidInputError):
+            plan.stage_for_rank(4)
+        with self.assertRaises(kareus.ArgumentError):
+            plan.settings(0, "forward", 9)
+        with self.assertRaises(ValueError):
+            plan.settings(0, "sideways", 0)
+
+
+class HooksTest(unittest.TestCase):
+    def test_order_is_enforced(self):
+        import kareus
+
+        plan = kareus.Plan(PLAN, ARGS.workload)
+        hooks = kareus.Hooks(plan, 1)
+        self.assertEqual((hooks.stage, hooks.rank), (0, 1))
+        with self.assertRaises(kareus.OrderError) as cm:
+            hooks.on_instruction_begin("backward", 0)
+        self.assertIn("runs forward of micro-batch 0", str(cm.exception))
+        ins = hooks.on_instruction_begin("forward", 0)
+        self.assertEqual(ins.freq_mhz, PLAN_JSON["stages"][0]["instructions"][0]["freq_mhz"])
+        self.assertEqual(hooks.position, (0, True))
+        with self.assertRaises(kareus.OrderError):
+            hooks.on_instruction_end("forward", 1)
+        hooks.on_instruction_end("forward", 0)
+        self.assertEqual(hooks.position, (1, False))
+        hooks.reset()
+        self.assertEqual(hooks.position, (0, False))
+
+    def test_controller_gets_the_clocks_and_stops(self):
+        import kareus
+
+        plan = kareus.Plan(PLAN, ARGS.workload)
+        log = os.path.join(ARGS.workdir, "hooks.jsonl")
+        if os.path.exists(log):
+            os.remove(log)
+        with kareus.Controller(gpu_index=2, dry_run=True, log_path=log) as ctl:
+            self.assertTrue(ctl.running)
+            pid = ctl.pid
+            hooks = kareus.Hooks(plan, 2, ctl)
+            for ins in plan.instructions(1):
+                hooks.on_instruction_begin(ins.kind, ins.microbatch)
+                hooks.on_instruction_end(ins.kind, ins.microbatch)
+        self.assertFalse(ctl.running)
+        with self.assertRaises(kareus.StateError):
+            ctl.set_clock(1200)
+        with self.assertRaises(kareus.StateError):
+            hooks.on_instruction_begin("forward", 0)
+        with open(log) as f:
+            events = [json.loads(line) for line in f]
+        self.assertEqual([e["freq_mhz"] for e in events if e["event"] == "lock"],
+                         plan.clock_sequence(1))
+        self.assertEqual(events[-1]["event"], "reset")
+        self.assertTrue(all(e["gpu"] == 2 for e in events))
+        # The process is gone (reaped by the client's stop).
+        self.assertFalse(os.path.exists(f"/proc/{pid}") and
+                         "Z" not in open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1][:3])
+
+    def test_controller_start_errors(self):
+        import kareus
+
+        with self.assertRaises(kareus.ArgumentError) as cm:
+            kareus.Controller(dry_run=True)
+        self.assertIn("log_path", str(cm.exception))
+        with self.assertRaises(kareus.InvalidInputError) as cm:
+            kareus.Controller(dry_run=True, log_path=os.path.join(ARGS.workdir, "x.jsonl"),
+                              executable="/no/such/kareus-freqd")
+        self.assertIn("/no/such/kareus-freqd", str(cm.exception))
+
+
+class DocTest(unittest.TestCase):
+    def test_public_objects_are_documented(self):
+        import kareus
+        import kareus.torch as kt
+
+        for name in ("Plan", "Controller", "Hooks", "Instruction", "Partition", "MixEntry",
+                     "Error", "OrderError", "InvalidInputError"):
+            self.assertTrue(getattr(kareus, name).__doc__, name)
+        for name in ("PipelineHooks", "NanoBatchedStack", "TPTransformerLayer",
+                     "InstructionSettings"):
+            self.assertTrue(getattr(kt, name).__doc__, name)
+        self.assertTrue(kareus.__doc__)
+
+
+def main():
+    global ARGS
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kareus", required=True)
+    ap.add_argument("--workload", required=True)
+    ap.add_argument("--workdir", required=True)
+    ARGS, rest = ap.parse_known_args()
+    ARGS.workload = os.path.abspath(ARGS.workload)
+    ARGS.workdir = os.path.abspath(ARGS.workdir)
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,281 @@
+// The C API (include/kareus/c_api.h) called as a C program would: status codes, the thread-local
+// last-error text, the rank -> stage mapping, instruction settings against the plan JSON read
+// independently, the order check of the instruction hooks, and the clocks an attached dry-run
+// controller receives.
+#include "kareus/c_api.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "test_util.h"
+
+namespace kareus {
+namespace {
+
+const std::string kWorkload = "tests/runtime/data/tiny_tp2_pp2.yaml";
+
+/// One min-energy plan for the tiny TP=2, PP=2 workload, made by the CLI once for the suite.
+/// Clock switches are free in it (the paper's model): this workload's instructions last well
+/// under a switch, and these tests need a plan that changes clocks.
+class CApi : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir();
+    const auto r =
+        test::run_cli("plan " + test::source_path(kWorkload) +
+                      " --min-energy --clock-switch-ms 0 --out " + dir_->file("plan.json"));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    json_ = new nlohmann::json(nlohmann::json::parse(test::read_file(dir_->file("plan.json"))));
+  }
+  static void TearDownTestSuite() {
+    delete json_;
+    delete dir_;
+  }
+  static std::string plan_path() { return dir_->file("plan.json"); }
+  static std::string workload() { return test::source_path(kWorkload); }
+  static const nlohmann::json& plan_json() { return *json_; }
+
+  kareus_plan* open(int rank) {
+    kareus_plan* p = nullptr;
+    EXPECT_EQ(kareus_plan_open(plan_path().c_str(), workload().c_str(), rank, &p), KAREUS_OK)
+        << kareus_last_error();
+    return p;
+  }
+
+  static test::TempDir* dir_;
+  static nlohmann::json* json_;
+};
+test::TempDir* CApi::dir_ = nullptr;
+nlohmann::json* CApi::json_ = nullptr;
+
+TEST_F(CApi, OpenFailuresReturnCodesAndNameTheProblem) {
+  kareus_plan* p = reinterpret_cast<kareus_plan*>(0x1);
+  EXPECT_EQ(kareus_plan_open("/no/such/plan.json", workload().c_str(), 0, &p),
+            KAREUS_ERR_INVALID_INPUT);
+  EXPECT_EQ(p, nullptr) << "out is cleared on failure";
+  EXPECT_NE(std::string(kareus_last_error()).find("/no/such/plan.json"), std::string::npos)
+      << kareus_last_error();
+
+  EXPECT_EQ(kareus_plan_open(plan_path().c_str(), workload().c_str(), 0, nullptr),
+            KAREUS_ERR_ARGUMENT);
+  EXPECT_NE(std::string(kareus_last_error()).find("'out' is NULL"), std::string::npos)
+      << kareus_last_error();
+  EXPECT_EQ(kareus_plan_open(nullptr, workload().c_str(), 0, &p), KAREUS_ERR_ARGUMENT);
+
+  // Rank 4 of a 4-GPU job.
+  EXPECT_EQ(kareus_plan_open(plan_path().c_str(), workload().c_str(), 4, &p),
+            KAREUS_ERR_INVALID_INPUT);
+  EXPECT_NE(std::string(kareus_last_error()).find("rank 4"), std::string::npos)
+      << kareus_last_error();
+
+  // A plan for another workload: refused, naming the digest field.
+  const std::string other = test::source_path("workloads/examples/custom_model.yaml");
+  EXPECT_EQ(kareus_plan_open(plan_path().c_str(), other.c_str(), 0, &p), KAREUS_ERR_INVALID_INPUT);
+  EXPECT_NE(std::string(kareus_last_error()).find("workload.digest"), std::string::npos)
+      << kareus_last_error();
+
+  // A damaged plan: an SM count out of range names the field.
+  auto j = plan_json();
+  j["stages"][0]["instructions"][0]["partitions"]["fwd_attn"]["sms"] = 99;
+  const std::string bad = dir_->write("bad.json", j.dump());
+  EXPECT_EQ(kareus_plan_open(bad.c_str(), workload().c_str(), 0, &p), KAREUS_ERR_INVALID_INPUT);
+  EXPECT_NE(std::string(kareus_last_error()).find("sms"), std::string::npos) << kareus_last_error();
+  EXPECT_STREQ(kareus_status_name(KAREUS_ERR_INVALID_INPUT), "KAREUS_ERR_INVALID_INPUT");
+  EXPECT_STREQ(kareus_status_name(42), "unknown");
+}
+
+TEST_F(CApi, RankMappingAndInstructionsMatchThePlanJson) {
+  for (int rank = 0; rank < 4; ++rank) {
+    kareus_plan* p = open(rank);
+    ASSERT_NE(p, nullptr);
+    int stage = -1, stages = 0, ranks = 0;
+    ASSERT_EQ(kareus_plan_stage(p, &stage), KAREUS_OK);
+    EXPECT_EQ(stage, rank / 2) << "Megatron order: tp fastest, 2 ranks per stage";
+    ASSERT_EQ(kareus_plan_num_stages(p, &stages), KAREUS_OK);
+    ASSERT_EQ(kareus_plan_num_ranks(p, &ranks), KAREUS_OK);
+    EXPECT_EQ(stages, 2);
+    EXPECT_EQ(ranks, 4);
+    int buf[4] = {-1, -1, -1, -1}, count = 0;
+    ASSERT_EQ(kareus_plan_stage_ranks(p, stage, buf, 4, &count), KAREUS_OK);
+    ASSERT_EQ(count, 2);
+    EXPECT_EQ(buf[0], 2 * stage);
+    EXPECT_EQ(buf[1], 2 * stage + 1);
+
+    const auto& ins = plan_json()["stages"][static_cast<std::size_t>(stage)]["instructions"];
+    int n = 0;
+    ASSERT_EQ(kareus_plan_instruction_count(p, &n), KAREUS_OK);
+    ASSERT_EQ(static_cast<std::size_t>(n), ins.size());
+    for (int i = 0; i < n; ++i) {
+      const auto& want = ins[static_cast<std::size_t>(i)];
+      kareus_instruction_info info;
+      ASSERT_EQ(kareus_plan_instruction(p, i, &info), KAREUS_OK) << kareus_last_error();
+      EXPECT_EQ(info.kind, want["instruction"] == "forward" ? KAREUS_FORWARD : KAREUS_BACKWARD);
+      EXPECT_EQ(info.microbatch, want["microbatch"].get<int>());
+      EXPECT_EQ(info.freq_mhz, want["freq_mhz"].get<int>());
+      EXPECT_DOUBLE_EQ(info.start_s, want["start_s"].get<double>());
+      ASSERT_EQ(static_cast<std::size_t>(info.partition_count), want["partitions"].size());
+      for (int k = 0; k < info.partition_count; ++k) {
+        kareus_partition_info pi;
+        ASSERT_EQ(kareus_plan_partition(p, i, k, &pi), KAREUS_OK) << kareus_last_error();
+        const auto& wp = want["partitions"][pi.key];
+        EXPECT_EQ(pi.sms, wp["sms"].get<int>());
+        EXPECT_EQ(std::string(pi.slot), wp["slot"].get<std::string>());
+        EXPECT_EQ(std::string(pi.slot_op), wp["launch_before"]["op"].get<std::string>());
+        EXPECT_EQ(pi.slot_op_index, wp["launch_before"]["index"].get<int>());
+        // Independent of the plan file: the recomputed blocks are the forward partitions of a
+        // backward instruction (the workload recomputes fully).
+        const bool fwd_key = std::string(pi.key).rfind("fwd_", 0) == 0;
+        EXPECT_EQ(pi.recompute != 0, fwd_key && info.kind == KAREUS_BACKWARD) << pi.key;
+        EXPECT_EQ(pi.mix_count, 0);
+      }
+      int found = -1;
+      ASSERT_EQ(kareus_plan_find_instruction(p, info.kind, info.microbatch, &found), KAREUS_OK);
+      EXPECT_EQ(found, i);
+    }
+    kareus_workload_shape w;
+    ASSERT_EQ(kareus_plan_workload_shape(p, &w), KAREUS_OK);
+    EXPECT_EQ(w.hidden, 64);
+    EXPECT_EQ(w.tp, 2);
+    EXPECT_EQ(w.pp, 2);
+    EXPECT_EQ(w.micro_batches, 4);
+    EXPECT_EQ(w.stage_layers, 1);
+    EXPECT_EQ(w.recompute, 1);
+    kareus_plan_close(p);
+  }
+}
+
+TEST_F(CApi, QueriesOutOfRangeAreArgumentErrors) {
+  kareus_plan* p = open(0);
+  ASSERT_NE(p, nullptr);
+  kareus_instruction_info info;
+  EXPECT_EQ(kareus_plan_instruction(p, 8, &info), KAREUS_ERR_ARGUMENT);
+  EXPECT_NE(std::string(kareus_last_error()).find("instruction index 8"), std::string::npos)
+      << kareus_last_error();
+  kareus_partition_info pi;
+  EXPECT_EQ(kareus_plan_partition(p, 0, 17, &pi), KAREUS_ERR_ARGUMENT);
+  kareus_mix_info mi;
+  EXPECT_EQ(kareus_plan_partition_mix(p, 0, 0, 0, &mi), KAREUS_ERR_ARGUMENT);
+  int index = 0;
+  EXPECT_EQ(kareus_plan_find_instruction(p, 7, 0, &index), KAREUS_ERR_ARGUMENT);
+  EXPECT_NE(std::string(kareus_last_error()).find("kind 7"), std::string::npos);
+  EXPECT_EQ(kareus_plan_find_instruction(p, KAREUS_FORWARD, 9, &index), KAREUS_ERR_ARGUMENT);
+  int stage = 0;
+  EXPECT_EQ(kareus_plan_stage_of_rank(p, 3, &stage), KAREUS_OK);
+  EXPECT_EQ(stage, 1);
+  EXPECT_EQ(kareus_plan_stage_of_rank(p, -1, &stage), KAREUS_ERR_INVALID_INPUT);
+  EXPECT_EQ(kareus_plan_stage(nullptr, &stage), KAREUS_ERR_ARGUMENT);
+  kareus_plan_close(p);
+  kareus_plan_close(nullptr);
+}
+
+TEST_F(CApi, HooksEnforceThePlansOrderAndWrapAround) {
+  kareus_plan* p = open(0);  // stage 0: F0 F1 B0 F2 B1 F3 B2 B3
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(kareus_instruction_end(p, KAREUS_FORWARD, 0), KAREUS_ERR_ORDER) << "end before begin";
+  EXPECT_NE(std::string(kareus_last_error()).find("without a begin"), std::string::npos);
+  EXPECT_EQ(kareus_instruction_begin(p, KAREUS_BACKWARD, 0), KAREUS_ERR_ORDER);
+  EXPECT_NE(std::string(kareus_last_error()).find("runs forward of micro-batch 0"),
+            std::string::npos)
+      << kareus_last_error();
+  ASSERT_EQ(kareus_instruction_begin(p, KAREUS_FORWARD, 0), KAREUS_OK) << kareus_last_error();
+  EXPECT_EQ(kareus_instruction_begin(p, KAREUS_FORWARD, 1), KAREUS_ERR_ORDER) << "nested begin";
+  EXPECT_EQ(kareus_instruction_end(p, KAREUS_FORWARD, 1), KAREUS_ERR_ORDER) << "wrong end";
+  int next = -1, is_open = -1;
+  ASSERT_EQ(kareus_plan_position(p, &next, &is_open), KAREUS_OK);
+  EXPECT_EQ(next, 0);
+  EXPECT_EQ(is_open, 1) << "failed calls change nothing";
+  ASSERT_EQ(kareus_instruction_end(p, KAREUS_FORWARD, 0), KAREUS_OK);
+  EXPECT_EQ(kareus_instruction_begin(p, 2, 1), KAREUS_ERR_ARGUMENT);
+
+  const std::vector<std::pair<int, int>> order = {
+      {KAREUS_FORWARD, 1}, {KAREUS_BACKWARD, 0}, {KAREUS_FORWARD, 2},  {KAREUS_BACKWARD, 1},
+      {KAREUS_FORWARD, 3}, {KAREUS_BACKWARD, 2}, {KAREUS_BACKWARD, 3}, {KAREUS_FORWARD, 0}};
+  for (const auto& [kind, mb] : order) {
+    ASSERT_EQ(kareus_instruction_begin(p, kind, mb), KAREUS_OK) << kareus_last_error();
+    ASSERT_EQ(kareus_instruction_end(p, kind, mb), KAREUS_OK) << kareus_last_error();
+  }
+  ASSERT_EQ(kareus_plan_position(p, &next, &is_open), KAREUS_OK);
+  EXPECT_EQ(next, 1) << "the second iteration continues after its first forward";
+  ASSERT_EQ(kareus_plan_reset_position(p), KAREUS_OK);
+  EXPECT_EQ(kareus_instruction_begin(p, KAREUS_FORWARD, 0), KAREUS_OK);
+  kareus_plan_close(p);
+}
+
+TEST_F(CApi, LastErrorIsPerThread) {
+  int stage = 0;
+  ASSERT_EQ(kareus_plan_stage(nullptr, &stage), KAREUS_ERR_ARGUMENT);
+  const std::string mine = kareus_last_error();
+  std::string other_before, other_after;
+  std::thread t([&] {
+    other_before = kareus_last_error();
+    kareus_plan* p = nullptr;
+    (void)kareus_plan_open("/no/such/other.json", "/no/such.yaml", 0, &p);
+    other_after = kareus_last_error();
+  });
+  t.join();
+  EXPECT_EQ(other_before, "") << "a new thread starts without an error";
+  EXPECT_NE(other_after.find("/no/such"), std::string::npos) << other_after;
+  EXPECT_EQ(std::string(kareus_last_error()), mine) << "another thread's failure leaves ours";
+  EXPECT_NE(mine.find("kareus_plan_stage"), std::string::npos) << "names the function: " << mine;
+}
+
+TEST_F(CApi, AttachedControllerReceivesTheStagesClocks) {
+  test::TempDir dir;
+  const std::string log = dir.file("freqd.jsonl");
+  kareus_controller_options o{};
+  o.gpu_index = 1;
+  o.dry_run = 1;
+  o.log_path = log.c_str();
+  o.executable = KAREUS_FREQD;
+  kareus_controller* c = nullptr;
+  ASSERT_EQ(kareus_controller_start_ex(&o, &c), KAREUS_OK) << kareus_last_error();
+  int pid = 0;
+  ASSERT_EQ(kareus_controller_pid(c, &pid), KAREUS_OK);
+  EXPECT_GT(pid, 0);
+
+  kareus_plan* p = open(3);  // stage 1
+  ASSERT_NE(p, nullptr);
+  ASSERT_EQ(kareus_plan_attach_controller(p, c), KAREUS_OK);
+  std::vector<int> want;
+  for (const auto& in : plan_json()["stages"][1]["instructions"]) {
+    const int kind = in["instruction"] == "forward" ? KAREUS_FORWARD : KAREUS_BACKWARD;
+    const int mb = in["microbatch"].get<int>(), f = in["freq_mhz"].get<int>();
+    if (want.empty() || want.back() != f) want.push_back(f);
+    ASSERT_EQ(kareus_instruction_begin(p, kind, mb), KAREUS_OK) << kareus_last_error();
+    ASSERT_EQ(kareus_instruction_end(p, kind, mb), KAREUS_OK);
+  }
+  ASSERT_EQ(kareus_controller_stop(c), KAREUS_OK) << kareus_last_error();
+  EXPECT_EQ(kareus_controller_stop(c), KAREUS_OK) << "idempotent";
+  EXPECT_EQ(kareus_controller_set_clock(c, 1200), KAREUS_ERR_STATE);
+  EXPECT_EQ(kareus_instruction_begin(p, KAREUS_FORWARD, 0), KAREUS_ERR_STATE)
+      << "a stopped controller is reported, not ignored";
+  ASSERT_EQ(kareus_plan_attach_controller(p, nullptr), KAREUS_OK);
+  kareus_controller_free(c);
+  EXPECT_EQ(kareus_instruction_begin(p, KAREUS_FORWARD, 0), KAREUS_OK) << kareus_last_error();
+  kareus_plan_close(p);
+
+  std::vector<int> locks;
+  std::string last_event;
+  std::istringstream in(test::read_file(log));
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["gpu"].get<int>(), 1);
+    last_event = j["event"].get<std::string>();
+    if (last_event == "lock") locks.push_back(j["freq_mhz"].get<int>());
+  }
+  EXPECT_EQ(locks, want);
+  EXPECT_EQ(last_event, "reset");
+  EXPECT_GT(want.size(), 1u) << "the plan should change clocks, or this test proves little";
+
+  kareus_controller* bad = nullptr;
+  EXPECT_EQ(kareus_controller_start(0, 1, nullptr, &bad), KAREUS_ERR_ARGUMENT);
+  EXPECT_NE(std::string(kareus_last_error()).find("log_path"), std::string::npos);
+  EXPECT_EQ(bad, nullptr);
+}
+
+}  // namespace
+}  // namespace kareus

@@ -1,0 +1,53 @@
+// kareus-freqd: the per-GPU frequency controller process. Started by a training process through
+// kareus::runtime::FrequencyController (never by a shell); see docs/runtime-controller.md.
+// Exit codes: 0 clean exit (end-of-file or parent death), 128+N after signal N (clock reset
+// first), 1 internal error, 2 invalid input, 3 NVML unavailable or the feature unsupported.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "kareus/error.h"
+#include "kareus/nvml.h"
+#include "kareus/runtime.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "kareus-freqd: locks one GPU's SM clock to the targets a training process sends on stdin "
+      "(native int32 MHz records, 0 = reset) and resets it on exit, on SIGTERM/SIGINT/SIGHUP "
+      "and when the parent dies."};
+  kareus::runtime::ControllerDaemonOptions o;
+  app.add_option("--gpu", o.gpu_index, "NVML device index")->check(CLI::NonNegativeNumber);
+  app.add_flag("--dry-run", o.dry_run, "log transitions to --log instead of touching NVML");
+  app.add_option("--log", o.log_path, "JSON-lines transition log (appended)");
+  app.add_option("--nvml-library", o.nvml_library,
+                 "NVML library to load (default: $KAREUS_NVML_LIBRARY, else libnvidia-ml.so.1)");
+  app.add_flag("--coalesce", o.coalesce, "apply only the newest of the waiting targets");
+  app.add_option("--ready-fd", o.ready_fd, "descriptor that gets 'R' once running");
+  app.add_option("--parent-pid", o.parent_pid, "pid of the client; exit at once if it is gone");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+  try {
+    return kareus::runtime::run_controller_daemon(o);
+  } catch (const kareus::InvalidInput& e) {
+    std::fprintf(stderr, "kareus-freqd: error: %s\n", e.what());
+    return 2;
+  } catch (const kareus::nvml::NvmlUnavailable& e) {
+    std::fprintf(stderr, "kareus-freqd: NVML unavailable: %s\n", e.what());
+    return 3;
+  } catch (const kareus::nvml::NvmlNotSupported& e) {
+    std::fprintf(stderr, "kareus-freqd: not supported: %s\n", e.what());
+    return 3;
+  } catch (const kareus::NotSupported& e) {
+    std::fprintf(stderr, "kareus-freqd: not supported: %s\n", e.what());
+    return 3;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kareus-freqd: internal error: %s\n", e.what());
+    return 1;
+  }
+}
