@@ -17,27 +17,12 @@
 #include <vector>
 
 #include "kareus/error.h"
+#include "kareus/nvml.h"
 
 namespace kareus {
 
 std::string describe_throttle_reasons(std::uint64_t mask) {
-  static const std::vector<std::pair<std::uint64_t, const char*>> names = {
-      {kThrottleSwPowerCap, "sw_power_cap"},
-      {kThrottleHwSlowdown, "hw_slowdown"},
-      {kThrottleSwThermalSlowdown, "sw_thermal_slowdown"},
-      {kThrottleHwThermalSlowdown, "hw_thermal_slowdown"},
-      {kThrottleHwPowerBrake, "hw_power_brake"}};
-  std::string out;
-  std::uint64_t rest = mask;
-  for (const auto& [bit, name] : names) {
-    if (mask & bit) {
-      if (!out.empty()) out += '|';
-      out += name;
-      rest &= ~bit;
-    }
-  }
-  if (rest) out += fmt::format("{}0x{:x}", out.empty() ? "" : "|", rest);
-  return out.empty() ? "none" : out;
+  return nvml::ClockEventReasons{mask}.describe();  // NVML's one table of reason names
 }
 
 void ThermalParams::validate(double static_power_w) const {

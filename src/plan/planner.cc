@@ -60,6 +60,16 @@ Planner::Planner(const Workload& w, CachedProfiler& profiler, PlannerOptions o,
       o_(std::move(o)),
       progress_(std::move(progress)) {
   freqs_ = o_.freqs_mhz.empty() ? w_.gpu().search_freqs_mhz() : o_.freqs_mhz;
+  if (const auto fixed = profiler_.backend().fixed_freq_mhz()) {
+    // A real GPU without clock control can only be measured at the clock it runs.
+    if (!o_.freqs_mhz.empty() && o_.freqs_mhz != std::vector<int>{*fixed}) {
+      throw InvalidInput(fmt::format(
+          "backend '{}' measures only at the card's current clock, {} MHz (clock control is "
+          "off); drop the frequency list or pass --allow-clock-control",
+          profiler_.backend().name(), *fixed));
+    }
+    freqs_ = {*fixed};
+  }
   for (int f : freqs_) {
     if (!w_.gpu().supports_freq(f)) {
       throw InvalidInput(fmt::format("frequency {} MHz: {} supports {}..{} MHz in {} MHz steps", f,

@@ -170,3 +170,44 @@ TEST(Plan, PerLayerNeverWorseAndReplays) {
 
 }  // namespace
 }  // namespace kareus
+
+namespace kareus {
+namespace {
+
+// A real GPU without clock control (the cuda backend's default) measures at one clock only:
+// the planner must search, compose and plan at exactly that clock, and refuse a clock list that
+// asks for others.
+class FixedClockProfiler : public EmulatorProfiler {
+ public:
+  FixedClockProfiler(const ProfilerOptions& o, int freq_mhz)
+      : EmulatorProfiler(o), freq_mhz_(freq_mhz) {}
+  std::optional<int> fixed_freq_mhz() const override { return freq_mhz_; }
+  Measurement measure(const Partition& p, const PartitionConfig& c) override {
+    EXPECT_EQ(c.freq_mhz, freq_mhz_) << p.key;
+    return EmulatorProfiler::measure(p, c);
+  }
+
+ private:
+  int freq_mhz_;
+};
+
+TEST(Plan, BackendWithoutClockControlPlansAtItsObservedClock) {
+  const Workload w = load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096"));
+  FixedClockProfiler prof(emulator_options(w), 1275);
+  CachedProfiler cp(prof, nullptr);
+  PlannerOptions o;
+  o.search.budget = 40;
+  Planner planner(w, cp, o);
+  const MethodFrontier f = planner.frontier(Method::kKareus);
+  ASSERT_FALSE(f.points.empty());
+  const Plan p = planner.make_plan(f, 0, "test");
+  for (const auto& st : p.stages) {
+    for (const auto& in : st.instructions) EXPECT_EQ(in.freq_mhz, 1275);
+  }
+  PlannerOptions other;
+  other.freqs_mhz = {1410, 1275};
+  EXPECT_THROW(Planner(w, cp, other), InvalidInput);
+}
+
+}  // namespace
+}  // namespace kareus

@@ -267,7 +267,7 @@ void register_profile(CLI::App& app, Action& action) {
       std::size_t total = 0;
       std::vector<SearchSpace> spaces;
       for (const Partition* p : targets) {
-        spaces.push_back(make_search_space(*p, gpu));
+        spaces.push_back(make_search_space(*p, gpu, space_options(*session.backend)));
         total += spaces.back().size();
       }
       Progress bar("profiling", total, !quiet);

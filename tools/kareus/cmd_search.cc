@@ -94,7 +94,8 @@ void register_search(CLI::App& app, Action& action) {
       }
       ProfilingSession session = open_profiling(flags, w);
       session.cached->set_ask_mode(!ask.empty());
-      const SearchSpace space = make_search_space(p, session.backend->gpu());
+      const SearchSpace space =
+          make_search_space(p, session.backend->gpu(), space_options(*session.backend));
       const std::size_t expect =
           strategy == "exhaustive"
               ? space.size()

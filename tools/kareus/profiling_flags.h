@@ -3,11 +3,13 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "kareus/profiler.h"
+#include "kareus/search_space.h"
 #include "kareus/store.h"
 #include "kareus/workload.h"
 
@@ -75,7 +77,21 @@ inline ProfilingSession open_profiling(const ProfilingFlags& f, const Workload& 
   s.backend = create_profiler(f.backend, o);
   if (!f.db.empty()) s.store = std::make_unique<ProfileStore>(f.db);
   s.cached = std::make_unique<CachedProfiler>(*s.backend, s.store.get());
+  if (const auto fixed = s.backend->fixed_freq_mhz()) {
+    std::cerr << "kareus: clock control is off: backend '" << s.backend->name()
+              << "' measures at the card's current SM clock, " << *fixed
+              << " MHz, so the search sees only that clock (--allow-clock-control locks clocks; "
+                 "it needs root)\n";
+  }
   return s;
+}
+
+/// The search space a partition has under this backend: only the observed clock when the
+/// backend cannot set clocks.
+inline SpaceOptions space_options(const Profiler& backend) {
+  SpaceOptions o;
+  if (const auto fixed = backend.fixed_freq_mhz()) o.freqs_mhz = {*fixed};
+  return o;
 }
 
 }  // namespace kareus::cli
