@@ -12,6 +12,7 @@
 
 #include "kareus/error.h"
 #include "kareus/pareto.h"
+#include "kareus/process.h"
 #include "kareus/table.h"
 
 namespace kareus {
@@ -417,16 +418,22 @@ bool plot_frontiers(const WorkloadEvaluation& e, const std::string& png_path, st
   std::ofstream(data) << to_json(e, false).dump() << "\n";
   // Debian's interpreter has python3-matplotlib; another python3 first on PATH may not.
   const std::string python = fs::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
-  const std::string cmd = fmt::format("{} '{}' '{}' '{}' >'{}' 2>&1", python, script.string(),
-                                      data.string(), png_path, (dir / "plot.log").string());
-  const int rc = std::system(cmd.c_str());
-  if (rc != 0 || !fs::exists(png_path)) {
-    std::ifstream log(dir / "plot.log");
+  const fs::path log_path = dir / "plot.log";
+  fs::remove(log_path);
+  const ProcessResult r =
+      run_process({python, script.string(), data.string(), png_path}, log_path.string());
+  if (!r.ok() || !fs::exists(png_path)) {
+    std::ifstream log(log_path);
     std::string line, last;
+    bool no_matplotlib = false;
     while (std::getline(log, line)) {
       if (!line.empty()) last = line;
+      if (line.find("No module named 'matplotlib'") != std::string::npos) no_matplotlib = true;
     }
-    error = fmt::format("plotting with {} failed ({}); install python3-matplotlib", python, last);
+    const std::string why = r.ok() ? "it wrote no " + png_path : r.error;
+    error = fmt::format("plotting with {} failed: {}{}{}", python, why,
+                        last.empty() ? "" : " (last output: " + last + ")",
+                        no_matplotlib ? "; install python3-matplotlib" : "");
     return false;
   }
   fs::remove(dir / "plot.log");

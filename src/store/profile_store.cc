@@ -89,42 +89,42 @@ ProfileStore::ProfileStore(const std::string& path) : impl_(std::make_unique<Imp
                                    check.substr(0, 200)));
   }
   if (tables.empty()) {
+    // Several processes may create the same new store at once (`eval --jobs`): one immediate
+    // transaction with IF NOT EXISTS makes creation idempotent, and the busy timeout above
+    // makes the others wait for it instead of failing.
     impl_->exec("PRAGMA journal_mode=WAL");
     impl_->exec(
-        "BEGIN;"
-        "CREATE TABLE kareus_meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
-        "CREATE TABLE measurements("
+        "BEGIN IMMEDIATE;"
+        "CREATE TABLE IF NOT EXISTS kareus_meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        "CREATE TABLE IF NOT EXISTS measurements("
         " gpu TEXT NOT NULL, backend TEXT NOT NULL, signature TEXT NOT NULL,"
         " label TEXT NOT NULL, freq_mhz INTEGER NOT NULL, sms INTEGER NOT NULL,"
         " slot TEXT NOT NULL, time_s REAL NOT NULL, energy_j REAL NOT NULL,"
         " dynamic_energy_j REAL NOT NULL, static_energy_j REAL NOT NULL,"
         " measured_at REAL NOT NULL,"
         " PRIMARY KEY(gpu, backend, signature, freq_mhz, sms, slot));" +
-        fmt::format("INSERT INTO kareus_meta VALUES('format', '{}'), ('version', '{}');", kFormat,
-                    kFormatVersion) +
+        fmt::format("INSERT OR IGNORE INTO kareus_meta VALUES('format', '{}'), ('version', '{}');",
+                    kFormat, kFormatVersion) +
         "COMMIT;");
-  } else {
-    if (tables.find("kareus_meta") == std::string::npos) {
-      throw InvalidInput(fmt::format(
-          "{}: an SQLite database that is not a Kareus profile store (tables: {}); pass --db "
-          "with a new path",
-          path, tables));
-    }
-    const std::string format =
-        impl_->single_text("SELECT value FROM kareus_meta WHERE key='format'");
-    const std::string version =
-        impl_->single_text("SELECT value FROM kareus_meta WHERE key='version'");
-    if (format != kFormat) {
-      throw InvalidInput(fmt::format("{}: format '{}' is not '{}'", path, format, kFormat));
-    }
-    if (version != std::to_string(kFormatVersion)) {
-      throw InvalidInput(
-          fmt::format("{}: profile store version {} is not supported (this build "
-                      "reads version {})",
-                      path, version, kFormatVersion));
-    }
-    impl_->exec("PRAGMA journal_mode=WAL");
+  } else if (tables.find("kareus_meta") == std::string::npos) {
+    throw InvalidInput(fmt::format(
+        "{}: an SQLite database that is not a Kareus profile store (tables: {}); pass --db "
+        "with a new path",
+        path, tables));
   }
+  const std::string format = impl_->single_text("SELECT value FROM kareus_meta WHERE key='format'");
+  const std::string version =
+      impl_->single_text("SELECT value FROM kareus_meta WHERE key='version'");
+  if (format != kFormat) {
+    throw InvalidInput(fmt::format("{}: format '{}' is not '{}'", path, format, kFormat));
+  }
+  if (version != std::to_string(kFormatVersion)) {
+    throw InvalidInput(
+        fmt::format("{}: profile store version {} is not supported (this build "
+                    "reads version {})",
+                    path, version, kFormatVersion));
+  }
+  impl_->exec("PRAGMA journal_mode=WAL");
   impl_->exec("PRAGMA synchronous=NORMAL");
   impl_->find = impl_->prepare(
       "SELECT time_s, energy_j, dynamic_energy_j, static_energy_j FROM measurements WHERE "

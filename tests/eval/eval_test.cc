@@ -1,8 +1,11 @@
 // End to end: `kareus optimize` writes a report whose numbers equal its JSON, a plot and plans
 // that replay to their predictions; `kareus eval --suite paper` covers all 14 workloads and
 // Kareus's frontier is never worse than Perseus's or Nanobatching+Perseus's.
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -146,6 +149,40 @@ TEST(Eval, BadArguments) {
                           " --out /proc/forbidden/dir --quiet")
                 .exit_code,
             2);
+}
+
+}  // namespace
+}  // namespace kareus
+
+namespace kareus {
+namespace {
+
+// No shell anywhere: an --out path full of shell syntax is just a folder name. The plot is
+// drawn through an argument vector, so nothing in the path runs.
+TEST(Optimize, OutPathWithShellSyntaxRunsNothing) {
+  test::TempDir tmp;
+  const std::string out = "q'; touch PWNED; echo '$(touch PWNED2) `touch PWNED3` x";
+  const std::string wl = test::paper_workload("qwen3-1.7b_tp8_mbs8_seq4096");
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (chdir(tmp.path().c_str()) != 0) _exit(126);
+    const int devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, 1);
+    dup2(devnull, 2);
+    execl(KAREUS_CLI, KAREUS_CLI, "optimize", wl.c_str(), "--out", out.c_str(), "--budget", "24",
+          "--quiet", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  for (const char* f : {"PWNED", "PWNED2", "PWNED3"}) {
+    EXPECT_FALSE(std::filesystem::exists(tmp.file(f))) << f << " was created: a shell ran";
+  }
+  EXPECT_TRUE(std::filesystem::exists(tmp.file(out) + "/frontier.png"));
+  EXPECT_TRUE(std::filesystem::exists(tmp.file(out) + "/report.md"));
 }
 
 }  // namespace

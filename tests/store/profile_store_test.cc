@@ -187,3 +187,42 @@ TEST(ProfileStore, SweepSurvivesSigkill) {
 
 }  // namespace
 }  // namespace kareus
+
+namespace kareus {
+namespace {
+
+// Several processes creating one new store at the same moment (as `eval --jobs` does): every
+// one of them must succeed and every point must be stored.
+TEST(ProfileStore, ConcurrentFirstUseFromSeveralProcesses) {
+  test::TempDir tmp;
+  const std::string db = tmp.file("fresh.db");
+  const std::string wl = test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096");
+  constexpr int kProcesses = 6;
+  std::vector<pid_t> pids;
+  for (int i = 0; i < kProcesses; ++i) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      const int devnull = open("/dev/null", O_WRONLY);
+      dup2(devnull, 1);
+      dup2(devnull, 2);
+      const std::string freq = std::to_string(1410 - 30 * i);
+      execl(KAREUS_CLI, KAREUS_CLI, "profile", wl.c_str(), "--partition", "fwd_mlp", "--freq",
+            freq.c_str(), "--sms", "6", "--slot", "linear", "--db", db.c_str(),
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) {
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "a process failed on a fresh store, status " << status;
+  }
+  ProfileStore store(db);
+  EXPECT_EQ(store.count_all(), static_cast<std::size_t>(kProcesses));
+}
+
+}  // namespace
+}  // namespace kareus
