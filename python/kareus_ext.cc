@@ -223,7 +223,8 @@ class Controller {
  public:
   Controller(int gpu_index, bool dry_run, const std::string& log_path,
              std::optional<std::string> executable, std::optional<std::string> nvml_library,
-             bool coalesce) {
+             bool coalesce, std::optional<std::string> gpu_uuid,
+             std::optional<std::string> pci_bus_id) {
     std::string exe = executable.value_or("");
 #ifdef KAREUS_FREQD_BUILD_PATH
     // From the build tree the binary is not next to python3: use the one built with this module
@@ -241,12 +242,24 @@ class Controller {
     o.executable = exe.c_str();
     o.nvml_library = nvml_library ? nvml_library->c_str() : nullptr;
     o.coalesce = coalesce ? 1 : 0;
+    o.gpu_uuid = gpu_uuid ? gpu_uuid->c_str() : nullptr;
+    o.pci_bus_id = pci_bus_id ? pci_bus_id->c_str() : nullptr;
     kareus_controller* c = nullptr;
-    check(kareus_controller_start_ex(&o, &c));
+    int status = KAREUS_OK;
+    {
+      py::gil_scoped_release nogil;  // start-up waits for the process (seconds at worst)
+      status = kareus_controller_start_ex(&o, &c);
+    }
+    check(status);
     c_ = c;
     check(kareus_controller_pid(c_, &pid_));
   }
-  ~Controller() { kareus_controller_free(c_); }
+  ~Controller() {
+    // Stopping waits for the process (up to tens of seconds for one stuck in NVML): other
+    // Python threads keep running meanwhile.
+    py::gil_scoped_release nogil;
+    kareus_controller_free(c_);
+  }
   Controller(const Controller&) = delete;
   Controller& operator=(const Controller&) = delete;
 
@@ -454,20 +467,27 @@ PYBIND11_MODULE(_core, m) {
                          "this process dies. dry_run=True logs transitions as JSON lines to "
                          "log_path instead of touching the GPU. Use as a context manager.")
       .def(py::init<int, bool, const std::string&, std::optional<std::string>,
-                    std::optional<std::string>, bool>(),
+                    std::optional<std::string>, bool, std::optional<std::string>,
+                    std::optional<std::string>>(),
            py::arg("gpu_index") = 0, py::arg("dry_run") = false, py::arg("log_path") = "",
            py::arg("executable") = py::none(), py::arg("nvml_library") = py::none(),
-           py::arg("coalesce") = false)
+           py::arg("coalesce") = false, py::arg("gpu_uuid") = py::none(),
+           py::arg("pci_bus_id") = py::none(),
+           "gpu_uuid (e.g. 'GPU-8f3c...') or pci_bus_id (e.g. '00000000:3B:00.0') select the GPU "
+           "and override gpu_index, NVML's index (not CUDA's order, blind to "
+           "CUDA_VISIBLE_DEVICES); kareus.torch.local_gpu_pci_bus_id() gives this process's.")
       .def_static(
           "start",
           [](int gpu, bool dry, const std::string& log, std::optional<std::string> exe,
-             std::optional<std::string> nvml, bool coalesce) {
+             std::optional<std::string> nvml, bool coalesce, std::optional<std::string> uuid,
+             std::optional<std::string> bus_id) {
             return std::make_unique<Controller>(gpu, dry, log, std::move(exe), std::move(nvml),
-                                                coalesce);
+                                                coalesce, std::move(uuid), std::move(bus_id));
           },
           py::arg("gpu_index") = 0, py::arg("dry_run") = false, py::arg("log_path") = "",
           py::arg("executable") = py::none(), py::arg("nvml_library") = py::none(),
-          py::arg("coalesce") = false, "Starts a controller and waits until it is ready.")
+          py::arg("coalesce") = false, py::arg("gpu_uuid") = py::none(),
+          py::arg("pci_bus_id") = py::none(), "Starts a controller and waits until it is ready.")
       .def("set_clock", &Controller::set_clock, py::arg("freq_mhz"),
            "Asks for an SM clock in MHz (0: default clocks). Never blocks on the controller.")
       .def("stop", &Controller::stop,
@@ -475,10 +495,24 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("pid", &Controller::pid)
       .def_property_readonly("running", &Controller::running)
       .def("__enter__", [](py::object self) { return self; })
-      .def("__exit__", [](Controller& c, py::args) {
-        c.stop();
-        return false;
-      });
+      .def("__exit__",
+           [](Controller& c, const py::object& exc_type, const py::object&, const py::object&) {
+             if (exc_type.is_none()) {
+               c.stop();
+               return false;
+             }
+             // An exception is already propagating: a stop failure must not replace it.
+             try {
+               c.stop();
+             } catch (const CallError& e) {
+               const std::string message =
+                   "kareus.Controller: stopping during an exception failed: " + e.message;
+               if (PyErr_WarnEx(PyExc_RuntimeWarning, message.c_str(), 1) != 0) {
+                 throw py::error_already_set();
+               }
+             }
+             return false;
+           });
 
   py::class_<Hooks>(m, "Hooks",
                     "The instruction hooks of one rank: call on_instruction_begin(kind, "

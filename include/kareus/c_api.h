@@ -123,12 +123,17 @@ int kareus_plan_partition_mix(const kareus_plan* plan, int instruction, int part
 
 /* ---- Frequency controller: one process (kareus-freqd) per GPU, child of the caller. */
 typedef struct kareus_controller_options {
+  /* Which GPU: gpu_uuid if set, else pci_bus_id if set, else gpu_index (NVML's index, which is
+   * neither CUDA's order nor filtered by CUDA_VISIBLE_DEVICES: prefer the UUID or bus id of the
+   * process's CUDA device; docs/runtime.md, "Which GPU"). */
   int gpu_index;
   int dry_run;              /* 1: log transitions as JSON lines instead of touching NVML */
   const char* log_path;     /* JSON-lines log of transitions (required when dry_run) */
   const char* executable;   /* kareus-freqd; NULL/"": $KAREUS_FREQD, next to the binary, PATH */
   const char* nvml_library; /* NULL/"": the system's libnvidia-ml.so.1 */
   int coalesce; /* 1: apply only the newest waiting target (instructions shorter than a switch) */
+  const char* gpu_uuid;   /* NULL/"": unused; e.g. "GPU-8f3c..." (nvidia-smi -L) */
+  const char* pci_bus_id; /* NULL/"": unused; e.g. "00000000:3B:00.0"; not with gpu_uuid */
 } kareus_controller_options;
 /* Starts a controller and waits until it is ready. Locking clocks needs root (CAP_SYS_ADMIN;
  * NVML: "requires root/admin permissions"); without it the controller logs the failure and the
@@ -139,11 +144,12 @@ int kareus_controller_start_ex(const kareus_controller_options* options, kareus_
 /* Asks for `freq_mhz` (0: reset to default clocks); never blocks on the controller. */
 int kareus_controller_set_clock(kareus_controller* controller, int freq_mhz);
 int kareus_controller_pid(const kareus_controller* controller, int* pid);
-/* Resets the clocks and ends the process, waiting for it (a few seconds at most). Idempotent;
- * the handle stays valid (set_clock then fails with KAREUS_ERR_STATE) until freed. */
+/* Resets the clocks and ends the process, waiting for it (seconds; up to about 45 s for a
+ * controller stuck in NVML before it is killed). Idempotent; the handle stays valid (set_clock
+ * then fails with KAREUS_ERR_STATE) until freed. */
 int kareus_controller_stop(kareus_controller* controller);
-/* Stops the controller if needed and frees the handle (NULL is ignored). Detach it from every
- * plan first. */
+/* Stops the controller if needed and frees the handle (NULL is ignored). Plans it is still
+ * attached to are detached (their hooks then run without a controller). */
 void kareus_controller_free(kareus_controller* controller);
 
 /* ---- Instruction hooks. */
@@ -152,7 +158,9 @@ int kareus_plan_attach_controller(kareus_plan* plan, kareus_controller* controll
 /* Call right before the instruction's compute. Fails with KAREUS_ERR_ORDER, changing nothing,
  * unless (kind, microbatch) is the next instruction of the stage in plan order and no instruction
  * is open. Sends the instruction's clock to the attached controller. After the last instruction
- * of an iteration the order starts again at the first. */
+ * of an iteration the order starts again at the first. If the controller has died, the hook
+ * prints one warning on stderr, detaches it and succeeds: training goes on at default clocks
+ * (only the energy saving is lost). A controller stopped by the caller is KAREUS_ERR_STATE. */
 int kareus_instruction_begin(kareus_plan* plan, int kind, int microbatch);
 /* Call right after the instruction's compute; (kind, microbatch) must be the open instruction. */
 int kareus_instruction_end(kareus_plan* plan, int kind, int microbatch);

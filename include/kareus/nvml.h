@@ -7,8 +7,12 @@
 // every setter throws NvmlReadOnly before reaching NVML, so a measurement run can never change a
 // card setting by accident. Clocks locked through a ClockGuard are reset on normal exit, on an
 // exception (the guard's destructor), on SIGINT/SIGTERM/SIGHUP (a handler resets every clock the
-// process locked, then re-raises), and when the parent process dies (PR_SET_PDEATHSIG delivers
-// SIGTERM, which takes the same path).
+// process locked, then re-raises), and, when Options::reset_on_parent_death asks for it, when the
+// parent process dies (PR_SET_PDEATHSIG delivers SIGTERM, which takes the same path).
+//
+// Device selection: NVML's index order is its own (neither CUDA's default order nor filtered by
+// CUDA_VISIBLE_DEVICES), so a process that knows its CUDA device should select the NVML device by
+// UUID or PCI bus id (device_by_uuid, device_by_pci_bus_id), not by index.
 #pragma once
 
 #include <cstdint>
@@ -94,11 +98,18 @@ class Device {
   virtual void lock_sm_clock(int min_mhz, int max_mhz) = 0;
   /// nvmlDeviceResetGpuLockedClocks. Throws NvmlReadOnly in read-only mode.
   virtual void reset_sm_clock() = 0;
+  /// Whether this process's reset registry still holds the device (a lock succeeded and neither
+  /// reset_sm_clock nor the signal/atexit path has reset it since). Default: false.
+  virtual bool lock_registered() const { return false; }
 };
 
 struct Options {
   Access access = Access::kReadOnly;
   std::string library;  ///< empty: $KAREUS_NVML_LIBRARY, else "libnvidia-ml.so.1"
+  /// Arm PR_SET_PDEATHSIG(SIGTERM) at the first clock lock, so the clocks are reset when the
+  /// parent process dies. A process-wide setting with effects beyond this library (the host then
+  /// dies with its parent), so off unless the host is a dedicated process such as kareus-freqd.
+  bool reset_on_parent_death = false;
 };
 
 /// The loaded library. Initialises NVML on construction; on destruction resets every clock it
@@ -110,6 +121,13 @@ class Nvml {
   virtual int device_count() = 0;
   /// Devices are owned by the Nvml object and live as long as it.
   virtual Device& device(int index) = 0;
+  /// The device with this UUID ("GPU-..." as nvidia-smi -L and torch print it), via
+  /// nvmlDeviceGetHandleByUUID. InvalidInput when no device has it.
+  virtual Device& device_by_uuid(const std::string& uuid) = 0;
+  /// The device at this PCI bus id ("domain:bus:device.function" in hex, e.g. "00000000:3B:00.0"
+  /// as `nvidia-smi --query-gpu=pci.bus_id` prints it), via nvmlDeviceGetHandleByPciBusId_v2.
+  /// InvalidInput when no device has it.
+  virtual Device& device_by_pci_bus_id(const std::string& pci_bus_id) = 0;
   virtual Access access() const = 0;
   virtual std::string driver_version() = 0;
 };
@@ -120,8 +138,9 @@ class Nvml {
 std::unique_ptr<Nvml> open(const Options& o = {});
 
 /// Locks the SM clock of devices and guarantees the reset: on destruction, and through a
-/// process-wide registry on SIGINT/SIGTERM/SIGHUP and parent death (installs the handlers and
-/// PR_SET_PDEATHSIG on first use). Locking is skipped when the target equals the current lock.
+/// process-wide registry on SIGINT/SIGTERM/SIGHUP (installs the handlers on first use) and, with
+/// Options::reset_on_parent_death, parent death. Locking is skipped when the target equals the
+/// current lock and the registry still holds the device.
 /// The guard must not outlive `nvml`. PR_SET_PDEATHSIG fires when the *thread* that created this
 /// process exits, and is left alone if the caller already chose a death signal. A signal that was
 /// ignored (SIG_IGN) stays ignored; a previous handler is restored and runs after the reset.

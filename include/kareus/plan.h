@@ -109,6 +109,9 @@ struct PlanStage {
 
 struct Plan {
   static constexpr int kVersion = 2;
+  /// Relative slack (of iteration_time_s) by which a stage's or an instruction's end_s may
+  /// exceed the bound it must respect, for rounding in hand-edited or re-serialized files.
+  static constexpr double kTimeTolerance = 1e-9;
   std::string workload;         ///< workload name
   std::string workload_digest;  ///< partition signatures: a plan only runs on its workload
   std::string gpu;
@@ -125,8 +128,13 @@ struct Plan {
   std::vector<PlanStage> stages;
 
   nlohmann::json to_json() const;
-  /// Parses the structure (types, enums, version); no workload needed. `source` names the file
-  /// in error messages. A version-1 file is refused with a message saying how to re-create it.
+  /// Parses the structure (types, enums, version) and checks what needs no workload: times,
+  /// energies and powers finite and non-negative (iteration_time_s and energy_j > 0), each
+  /// instruction's end_s >= start_s, starts non-decreasing within a stage, ends within the
+  /// stage's end_s and stage ends within iteration_time_s (up to kTimeTolerance). The derived
+  /// clock_switch flags and clock_changes are checked by validate_plan, after the clocks.
+  /// `source` names the file in error messages; each violation throws InvalidInput. A
+  /// version-1 file is refused with a message saying how to re-create it.
   static Plan from_json(const nlohmann::json& j, const std::string& source);
   /// The instruction settings the emulator replays (throws InvalidInput if one is missing).
   InstructionSettings settings(int stage, InstructionKind kind, int microbatch) const;
@@ -135,13 +143,16 @@ struct Plan {
   int clock_changes() const;  ///< summed over stages
 };
 
-/// Reads a plan file and checks its structure only (for tools that have no workload).
+/// Reads a plan file and checks it without a workload (Plan::from_json), for tools that have
+/// none at hand.
 Plan load_plan(const std::string& path);
 /// Reads a plan file and validates it against the workload (validate_plan).
 Plan load_plan(const std::string& path, const Workload& w);
-/// Checks a plan against a workload: digest, GPU, rank layout, stage count, per-stage 1F1B
-/// instruction order, clocks the GPU supports, partition keys of each instruction, SM counts
-/// (1..kMaxCollectiveSms, the rule of src/search/space.cc), slot names, recompute flags, slot
+/// Checks a plan (already checked by Plan::from_json) against a workload: digest, GPU, rank
+/// layout, stage count, per-stage 1F1B instruction order, clocks the GPU supports, clock_switch
+/// flags and clock_changes equal to what the freq_mhz sequence gives, partition keys of each
+/// instruction, SM counts (1..kMaxCollectiveSms for every partition, the rule of
+/// src/search/space.cc, not narrowed to the search defaults), slot names, recompute flags, slot
 /// ops, instance counts and mixes. Throws InvalidInput "SOURCE: field 'PATH': what is allowed".
 void validate_plan(const Plan& p, const Workload& w, const std::string& source);
 void save_plan(const Plan& p, const std::string& path);

@@ -4,7 +4,9 @@
 // training process only posts target clocks on a socket (non-blocking), so a clock change never
 // blocks a training step. The controller applies a target only when it differs from the current
 // one, resets the GPU's clocks on normal exit, on SIGTERM/SIGINT/SIGHUP and when its parent dies
-// (PR_SET_PDEATHSIG). In dry-run mode it logs every transition as a JSON line
+// (PR_SET_PDEATHSIG). It runs in its own process group, so a terminal's Ctrl-C or hang-up does
+// not end it behind the trainer's back (end-of-file, SIGTERM and parent death still do). In
+// dry-run mode it logs every transition as a JSON line
 // {"t_s": ..., "gpu": ..., "freq_mhz": ..., "event": "lock"|"reset"} instead of touching NVML
 // (t_s: seconds since the Unix epoch, microsecond resolution, so logs of ranks can be merged;
 // reset events also carry "reason": "request", "eof", "signal" or "parent_death"; a failed NVML
@@ -21,7 +23,13 @@
 namespace kareus::runtime {
 
 struct ControllerOptions {
-  int gpu_index = 0;  ///< NVML device index (NVML order is PCI order, not CUDA's default)
+  /// Which GPU, in order of preference: gpu_uuid, else pci_bus_id, else gpu_index (at most one
+  /// of the first two may be set). NVML's index order is its own: not CUDA's default order, and
+  /// blind to CUDA_VISIBLE_DEVICES, so an index can name another rank's GPU. Prefer the UUID or
+  /// the PCI bus id of the process's CUDA device (docs/runtime.md, "Which GPU").
+  int gpu_index = 0;       ///< NVML device index
+  std::string gpu_uuid;    ///< e.g. "GPU-8f3c2d1e-..." (nvidia-smi -L)
+  std::string pci_bus_id;  ///< e.g. "00000000:3B:00.0" (nvidia-smi --query-gpu=pci.bus_id)
   bool dry_run = false;
   std::string log_path;      ///< JSON-lines log of transitions (required in dry-run; optional
                              ///< otherwise); appended to, one write() per line
@@ -59,8 +67,12 @@ class FrequencyController {
   /// target is kept and delivered by a background thread as soon as there is room. Throws Error
   /// if the controller has exited.
   virtual void set_clock(int freq_mhz) = 0;
-  /// Asks the controller to reset and exit, and waits for it (at most a few seconds: then
-  /// SIGTERM, then SIGKILL). Idempotent. Throws Error if the controller did not exit cleanly.
+  /// Asks the controller to reset and exit (it drops targets still queued and resets at once),
+  /// and waits for it: 5 s (dry run) or 10 s, then SIGTERM and another 2 s (dry run) or 30 s,
+  /// since an NVML call can take tens of milliseconds and a SIGKILL would leave the clock locked;
+  /// then SIGKILL. Idempotent. Throws Error if the controller did not exit cleanly. In a forked
+  /// child of the process that called start() (a data-loader worker), stop() and destruction only
+  /// close the child's copy of the channel: the controller belongs to the parent.
   virtual void stop() = 0;
   virtual pid_t pid() const = 0;
 };
@@ -74,6 +86,8 @@ inline constexpr int kWireMessageBytes = 4;
 /// The controller process (kareus-freqd's main calls this; exposed for tests).
 struct ControllerDaemonOptions {
   int gpu_index = 0;
+  std::string gpu_uuid;    ///< if set, selects the GPU (NVML's index is then looked up)
+  std::string pci_bus_id;  ///< likewise; at most one of gpu_uuid and pci_bus_id
   bool dry_run = false;
   std::string log_path;
   std::string nvml_library;
@@ -84,7 +98,9 @@ struct ControllerDaemonOptions {
 };
 
 /// Runs the controller until end-of-file on input_fd, SIGTERM/SIGINT/SIGHUP, or the parent's
-/// death (PR_SET_PDEATHSIG(SIGTERM)), then resets the clock. Returns the process exit code: 0 on
+/// death (PR_SET_PDEATHSIG(SIGTERM)), then resets the clock. Targets still queued at end-of-file
+/// are dropped, and signals are checked between two NVML calls, so the way out never waits for a
+/// backlog of clock changes. Returns the process exit code: 0 on
 /// end-of-file or parent death, 128 + signal number on a signal. Throws (after reporting on
 /// ready_fd) when it cannot start: InvalidInput for bad options, nvml errors for NVML.
 int run_controller_daemon(const ControllerDaemonOptions& o);

@@ -17,9 +17,10 @@ AllReduced in forward). The op lists and slot names are those of Kareus's kernel
 (src/workload/kernel_graph.cc), so that a plan's slot means the same op here and in the planner.
 
 Collectives go through ``torch.distributed`` with ``async_op=True``; on CPU that is gloo, on GPUs
-NCCL. torch 1.13's NCCL process group cannot limit the CTAs (SMs) of one collective; see
-docs/runtime.md for what can be done. The SM count of each partition is handed to
-``group_for_sms`` so a job can map it to a communicator created with the matching NCCL limits.
+NCCL. torch 1.13's NCCL process group cannot limit the CTAs (SMs) of one collective or one
+communicator (NCCL reads its CTA variables once per process); see docs/runtime.md. The SM count
+of each partition is handed to ``group_for_sms`` so a job on a newer torch, whose NCCL process
+group options take an ``ncclConfig_t``, can map it to a communicator with matching limits.
 """
 
 from __future__ import annotations
@@ -44,7 +45,44 @@ __all__ = [
     "reduce_from_tp",
     "one_f_one_b_order",
     "BLOCK_SLOTS",
+    "local_gpu_pci_bus_id",
 ]
+
+def local_gpu_pci_bus_id(device: Optional[int] = None, driver_library: str = "libcuda.so.1") -> str:
+    """PCI bus id of this process's CUDA device (default: the current one), e.g. "0000:3B:00.0".
+
+    Pass it to ``kareus.Controller(pci_bus_id=...)`` so the controller locks the GPU this rank
+    computes on. NVML's device index (``gpu_index``) follows NVML's own order, which is neither
+    CUDA's default order nor filtered by ``CUDA_VISIBLE_DEVICES``, so ``gpu_index=local_rank`` can
+    name another rank's GPU. torch 1.13's ``get_device_properties`` has neither a bus id nor a
+    UUID, so this asks the CUDA driver (``cuDeviceGetPCIBusId``), which numbers devices as the CUDA
+    runtime does, ``CUDA_VISIBLE_DEVICES`` applied. Raises RuntimeError without a CUDA driver.
+    """
+    import ctypes
+
+    if device is None:
+        device = torch.cuda.current_device()
+    elif isinstance(device, torch.device):
+        device = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        lib = ctypes.CDLL(driver_library)
+    except OSError as e:
+        raise RuntimeError(
+            f"local_gpu_pci_bus_id: cannot load the CUDA driver ({driver_library}): {e}; "
+            "without a GPU driver there is no bus id (use a dry-run controller)") from e
+
+    def call(name: str, *args: Any) -> None:
+        rc = getattr(lib, name)(*args)
+        if rc != 0:
+            raise RuntimeError(f"local_gpu_pci_bus_id: {name} failed with CUresult {rc}")
+
+    call("cuInit", ctypes.c_uint(0))
+    handle = ctypes.c_int()
+    call("cuDeviceGet", ctypes.byref(handle), ctypes.c_int(int(device)))
+    buf = ctypes.create_string_buffer(64)
+    call("cuDeviceGetPCIBusId", buf, ctypes.c_int(len(buf)), handle)
+    return buf.value.decode()
+
 
 # Compute ops of each block and the slots among them, in execution order. Mirrors
 # src/workload/kernel_graph.cc (TP without sequence or context parallelism): a slot named here is

@@ -14,7 +14,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
+#include <exception>
+#include <mutex>
 #include <thread>
 
 #include "builtin.h"
@@ -29,11 +32,73 @@ void sleep_s(double seconds) {
   if (seconds > 0) std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
 }
 
+constexpr int kSamplePeriodMs = 50;  // NVML's clock and reason reads take well under 1 ms
+// sw_power_cap (0x4, recorded) and the reasons that repeat a window; not idle or application
+// clock settings, which say nothing about the measurement.
+constexpr std::uint64_t kRecordedReasons = 0x4 | kRepeatThrottleMask;
+
 class GroupTarget : public MeasurementTarget {
  public:
   GroupTarget(GroupExecutor& ex, std::vector<nvml::Device*> devs)
       : ex_(ex), devs_(std::move(devs)) {}
   double run(int iterations) override { return ex_.run(iterations); }
+  // NVML reports the instantaneous clock and reasons, so the window is sampled while it runs.
+  // The sampler is its own thread rather than a poll loop after the launches: enqueueing a
+  // window of small kernels blocks the host once the launch queue is full, which would leave
+  // the poll loop only the window's tail. This thread alone uses devs_ until it is joined.
+  WindowObservation run_window(int iterations) override {
+    WindowObservation w;
+    std::mutex m;
+    std::condition_variable cv;
+    bool stop = false;
+    std::exception_ptr sampler_error;
+    std::thread sampler([&] {
+      try {
+        // The first sample waits one period, so that it sees the window's kernels running
+        // rather than the gap after the calibration run.
+        std::unique_lock<std::mutex> lock(m);
+        while (
+            !cv.wait_for(lock, std::chrono::milliseconds(kSamplePeriodMs), [&] { return stop; })) {
+          lock.unlock();
+          int c = 1 << 30;
+          std::uint64_t mask = 0;
+          for (auto* d : devs_) {
+            c = std::min(c, d->sm_clock_mhz());
+            mask |= d->clock_event_reasons().mask & kRecordedReasons;
+          }
+          lock.lock();
+          if (w.samples == 0) w.first_clock_mhz = w.min_clock_mhz = w.max_clock_mhz = c;
+          w.min_clock_mhz = std::min(w.min_clock_mhz, c);
+          w.max_clock_mhz = std::max(w.max_clock_mhz, c);
+          w.throttle_mask |= mask;
+          ++w.samples;
+        }
+      } catch (...) {
+        sampler_error = std::current_exception();
+      }
+    });
+    double elapsed_s = 0;
+    try {
+      elapsed_s = ex_.run(iterations);
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> lock(m);
+        stop = true;
+      }
+      cv.notify_all();
+      sampler.join();
+      throw;
+    }
+    {
+      std::lock_guard<std::mutex> lock(m);
+      stop = true;
+    }
+    cv.notify_all();
+    sampler.join();
+    if (sampler_error) std::rethrow_exception(sampler_error);
+    w.elapsed_s = elapsed_s;
+    return w;
+  }
   double energy_j() override {
     double e = 0;
     for (auto* d : devs_) e += d->total_energy_j();
@@ -51,10 +116,7 @@ class GroupTarget : public MeasurementTarget {
   }
   std::uint64_t throttle_mask() override {
     std::uint64_t m = 0;
-    for (auto* d : devs_) {
-      const nvml::ClockEventReasons r = d->clock_event_reasons();
-      if (r.throttled()) m |= r.mask;
-    }
+    for (auto* d : devs_) m |= d->clock_event_reasons().mask & kRecordedReasons;
     return m;
   }
   std::string describe_throttle(std::uint64_t mask) const override {
@@ -69,13 +131,6 @@ class GroupTarget : public MeasurementTarget {
   GroupExecutor& ex_;
   std::vector<nvml::Device*> devs_;
 };
-
-int snap_clock(const GpuSpec& g, int mhz) {
-  const auto clocks = g.supported_freqs_mhz();
-  if (clocks.empty()) return mhz;
-  return *std::min_element(clocks.begin(), clocks.end(),
-                           [mhz](int a, int b) { return std::abs(a - mhz) < std::abs(b - mhz); });
-}
 
 }  // namespace
 
@@ -117,6 +172,9 @@ CudaProfiler::CudaProfiler(const ProfilerOptions& o, CudaOptions c) : opt_(o), c
   try {
     nvml::Options no;
     no.access = o.allow_clock_control ? nvml::Access::kClockControl : nvml::Access::kReadOnly;
+    // A profiling run that locks clocks must not leave them locked when whatever started it
+    // (a shell, a Slurm step) goes away.
+    no.reset_on_parent_death = o.allow_clock_control;
     nvml_ = nvml::open(no);
     driver_version_ = nvml_->driver_version();
   } catch (const nvml::NvmlUnavailable& e) {
@@ -188,7 +246,7 @@ std::optional<int> CudaProfiler::fixed_freq_mhz() const {
   sleep_s(0.4);
   observed_raw_mhz_ = nvml_->device(nvml_index_[0]).sm_clock_mhz();
   ex.wait();
-  fixed_clock_ = snap_clock(gpu_, observed_raw_mhz_);
+  fixed_clock_ = snap_to_clock_grid(gpu_, observed_raw_mhz_);
   return fixed_clock_;
 }
 
@@ -203,19 +261,27 @@ ProtocolResult CudaProfiler::measure_plan(const std::string& what, const Executi
         "process per collective group on a node with {} GPUs (docs/cuda.md)",
         what, group, devices_.size(), fmt::join(devices_, ","), group));
   }
-  if (sms >= info_[0].sm_count) {
-    throw InvalidInput(fmt::format("{}: --sms {} leaves no SM for compute ({} has {} SMs)", what,
-                                   sms, info_[0].name, info_[0].sm_count));
+  // Every GPU of the group runs the collective on `sms` CTAs: the smallest one bounds it.
+  const auto smallest = std::min_element(
+      info_.begin(), info_.begin() + ranks,
+      [](const DeviceInfo& a, const DeviceInfo& b) { return a.sm_count < b.sm_count; });
+  if (sms >= smallest->sm_count) {
+    throw InvalidInput(fmt::format("{}: --sms {} leaves no SM for compute (GPU {}, {}, has {} SMs)",
+                                   what, sms, smallest->index, smallest->name, smallest->sm_count));
   }
   int expected = 0;
   if (guard_) {
     for (int r = 0; r < ranks; ++r) guard_->lock(nvml_index_[static_cast<size_t>(r)], freq_mhz);
     expected = freq_mhz;
-  } else if (const auto fixed = fixed_freq_mhz(); fixed && freq_mhz != *fixed) {
-    throw InvalidInput(fmt::format(
-        "{}: --freq {} MHz needs --allow-clock-control; without it the cuda backend measures at "
-        "the card's clock under load ({} MHz, observed {} MHz)",
-        what, freq_mhz, *fixed, observed_raw_mhz_));
+  } else if (const auto fixed = fixed_freq_mhz(); fixed) {
+    if (freq_mhz != *fixed) {
+      throw InvalidInput(fmt::format(
+          "{}: --freq {} MHz needs --allow-clock-control; without it the cuda backend measures "
+          "at the card's clock under load ({} MHz, observed {} MHz)",
+          what, freq_mhz, *fixed, observed_raw_mhz_));
+    }
+    // Points are stored under the clock observed at start-up: a window far from it is repeated.
+    expected = *fixed;
   }
   GroupExecutor& ex = executor_for(ranks);
   const bool fused_before = sdpa::attention_path().fused();
@@ -231,23 +297,57 @@ ProtocolResult CudaProfiler::measure_plan(const std::string& what, const Executi
     last_ = run_protocol(target, copt_.protocol, expected);
   }
   last_proxy_ = proxy && (plan.overlap.has_value() || group > 1);
+  if (!last_.stable) {
+    std::fprintf(stderr,
+                 "kareus: warning: %s measured UNSTABLE after %d attempts (kept as measured): "
+                 "%s\n",
+                 what.c_str(), last_.attempts, last_.note.c_str());
+  }
+  if (!guard_) check_observed_clock(what, last_);
   return last_;
+}
+
+void CudaProfiler::check_observed_clock(const std::string& what, const ProtocolResult& r) const {
+  const int fixed = *fixed_clock_;
+  const int window = snap_to_clock_grid(gpu_, r.clock_mhz);
+  const int steps = clock_grid_steps(gpu_, fixed, r.clock_mhz);
+  if (steps == 0) return;
+  if (steps > kMaxClockGridSteps) {
+    throw InternalError(fmt::format(
+        "{}: the window ran at {} MHz (grid {} MHz) but points without --allow-clock-control are "
+        "stored under the clock observed at start-up, {} MHz: {} grid steps apart (at most {} "
+        "allowed). The card's clock changed under load (another process, a power limit, heat); "
+        "restart the profile or use --allow-clock-control (docs/cuda.md)",
+        what, r.clock_mhz, window, fixed, steps, kMaxClockGridSteps));
+  }
+  std::fprintf(stderr,
+               "kareus: warning: %s ran at %d MHz (grid %d MHz) but is stored under the start-up "
+               "clock %d MHz\n",
+               what.c_str(), r.clock_mhz, window, fixed);
 }
 
 Measurement CudaProfiler::measure(const Partition& p, const PartitionConfig& c) {
   const ExecutionPlan plan = plan_partition(p, c.slot);
-  const ProtocolResult r = measure_plan("partition " + p.key, plan, c.sms, c.freq_mhz);
+  const ProtocolResult r = measure_plan(
+      fmt::format("partition {} (freq {} MHz, sms {}, slot {})", p.key, c.freq_mhz, c.sms, c.slot),
+      plan, c.sms, c.freq_mhz);
   return make_measurement(r.time_s, r.energy_j, static_power_w());
 }
 
 Measurement CudaProfiler::measure_segment(const Segment& s, int freq_mhz) {
   const ExecutionPlan plan = plan_segment(s);
-  const ProtocolResult r =
-      measure_plan("segment " + s.name, plan, std::max(1, gpu_.nccl_default_channels), freq_mhz);
+  const ProtocolResult r = measure_plan(fmt::format("segment {} (freq {} MHz)", s.name, freq_mhz),
+                                        plan, std::max(1, gpu_.nccl_default_channels), freq_mhz);
   return make_measurement(r.time_s, r.energy_j, static_power_w());
 }
 
 double CudaProfiler::measure_static_power_w() {
+  if (copt_.protocol.window_s < kMinStaticPowerWindowS) {
+    throw InvalidInput(fmt::format(
+        "--static-power needs --window-s >= {} (got {}): NVML's energy counter updates about every "
+        "100 ms, so a shorter window misses or double-counts a large share of the energy",
+        kMinStaticPowerWindowS, copt_.protocol.window_s));
+  }
   GroupExecutor& ex = executor_for(static_cast<int>(devices_.size()));
   const auto blocked = ex.blocked_ranks();
   const auto devs = nvml_devices(static_cast<int>(devices_.size()));

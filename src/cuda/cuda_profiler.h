@@ -19,6 +19,13 @@
 namespace kareus::cuda {
 
 /// Settings beyond ProfilerOptions, for the device check and tests of the backend.
+/// --static-power's window must be at least this long (s): NVML's energy counter updates about
+/// every 100 ms.
+inline constexpr double kMinStaticPowerWindowS = 2.0;
+/// Without clock control, a window whose clock (snapped to the catalogue grid) is more than this
+/// many grid steps from fixed_freq_mhz() is an error; a closer one is stored with a warning.
+inline constexpr int kMaxClockGridSteps = 2;
+
 struct CudaOptions {
   bool proxy_collective = false;  ///< replace every collective by a copy on the same CTAs
   ProtocolOptions protocol;       ///< window_s and cooldown_s are taken from ProfilerOptions
@@ -36,6 +43,7 @@ class CudaProfiler : public Profiler {
   const GpuSpec& gpu() const override { return gpu_; }
   /// The catalogue's figure; measure_static_power_w() measures it on the group.
   double static_power_w() const override { return gpu_.static_power_w; }
+  /// Throws InvalidInput naming --window-s when the window is under kMinStaticPowerWindowS.
   double measure_static_power_w() override;
   /// Without clock control: the SM clock the card runs under load (observed once, snapped to
   /// the catalogue's clock grid); with it: none (every clock can be locked).
@@ -57,8 +65,13 @@ class CudaProfiler : public Profiler {
   /// "attention=cudnn-fused;cudnn=<version>" or "attention=fallback" (sdpa::attention_path()).
   std::string attention_field() const;
   std::vector<nvml::Device*> nvml_devices(int ranks) const;
+  /// Runs the protocol; warns on stderr when the point ends unstable (it is kept).
   ProtocolResult measure_plan(const std::string& what, const ExecutionPlan& plan, int sms,
                               int freq_mhz);
+  /// Without clock control: warns when the window's clock, snapped to the grid, is not
+  /// fixed_freq_mhz() (the point is stored under the latter), throws InternalError beyond
+  /// kMaxClockGridSteps.
+  void check_observed_clock(const std::string& what, const ProtocolResult& r) const;
 
   ProfilerOptions opt_;
   CudaOptions copt_;

@@ -1,9 +1,11 @@
 // Group executor of the cuda backend (see executor.h). GEMMs: cuBLASLt with bf16 operands and
 // output, fp32 accumulation and the first algorithm of cublasLtMatmulAlgoGetHeuristic under a
 // 32 MiB workspace, one plan per shape and device. A row-major C[m,n] = A[m,k] B[k,n] is run as
-// the column-major C^T[n,m] = B^T[n,k] A^T[k,m], which needs no transposes. NCCL in one process:
-// communicators of all ranks are created inside one ncclGroupStart/End (NCCL's "one device per
-// thread is not required" mode), and every collective call of one step is grouped the same way.
+// the column-major C^T[n,m] = B^T[n,k] A^T[k,m]; backward GEMMs keep their stored transposes
+// (dgrad NT, wgrad TN in row-major terms, GemmShape) so cuBLASLt picks the framework's kernels.
+// NCCL in one process: communicators of all ranks are created inside one ncclGroupStart/End (NCCL's
+// "one device per thread is not required" mode), and every collective call of one step is grouped
+// the same way.
 #include "executor.h"
 
 #include <cuda_runtime.h>
@@ -151,19 +153,44 @@ struct GroupExecutor::Impl {
       check_cublas(cublaslt().create(&r.lt), "cublasLtCreate");
     }
     comms = std::make_unique<CommCache<Comms>>([this](int n_ctas) { return create_comms(n_ctas); },
-                                               [](Comms& c) {
-                                                 for (auto comm : c) nccl().destroy(comm);
+                                               [this](Comms& c) {
+                                                 // ncclCommDestroy waits for the communicator's
+                                                 // operations; a receive whose send can no longer
+                                                 // be posted would make it hang, ncclCommAbort does
+                                                 // not wait.
+                                                 for (auto comm : c)
+                                                   abort_comms ? nccl().abort(comm)
+                                                               : nccl().destroy(comm);
                                                });
   }
 
+  // An exception between begin_blocked_receive() and end_blocked_receive() leaves receives in
+  // flight; devices are synchronised only after they are released (or their communicators
+  // aborted), and communicators destroyed only after the devices are idle.
   ~Impl() {
+    if (blocked) {
+      try {
+        release_blocked();
+      } catch (...) {
+        abort_comms = true;
+      }
+    }
+    if (abort_comms) {
+      try {
+        comms.reset();
+      } catch (...) {
+      }
+    }
+    for (auto& r : ranks) {
+      cudaSetDevice(r.device);
+      cudaDeviceSynchronize();
+    }
     try {
       comms.reset();
     } catch (...) {
     }
     for (auto& r : ranks) {
       cudaSetDevice(r.device);
-      cudaDeviceSynchronize();
       free_buffers(r);
       r.sdpa.reset();
       if (r.dnn) cudnn().destroy(r.dnn);
@@ -224,12 +251,23 @@ struct GroupExecutor::Impl {
                k = static_cast<std::uint64_t>(s.k);
     check_cublas(lt.desc_create(&g.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
                  "cublasLtMatmulDescCreate");
-    check_cublas(lt.layout_create(&g.a, CUDA_R_16BF, n, k, static_cast<std::int64_t>(n)),
+    // Column-major view of the row-major product: C^T[n,m] = op(B)^T op(A)^T, so cuBLASLt's
+    // "A" is the row-major B buffer and its "B" the row-major A buffer. A row-major buffer of
+    // r rows and c columns is the column-major c x r matrix with leading dimension c; a stored
+    // transpose becomes op = T on that view.
+    const cublasOperation_t op_a = s.transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_b = s.transa ? CUBLAS_OP_T : CUBLAS_OP_N;
+    check_cublas(lt.desc_set(g.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)),
+                 "cublasLtMatmulDescSetAttribute(TRANSA)");
+    check_cublas(lt.desc_set(g.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)),
+                 "cublasLtMatmulDescSetAttribute(TRANSB)");
+    check_cublas(s.transb ? lt.layout_create(&g.a, CUDA_R_16BF, k, n, s.ldb())
+                          : lt.layout_create(&g.a, CUDA_R_16BF, n, k, s.ldb()),
                  "cublasLtMatrixLayoutCreate");
-    check_cublas(lt.layout_create(&g.b, CUDA_R_16BF, k, m, static_cast<std::int64_t>(k)),
+    check_cublas(s.transa ? lt.layout_create(&g.b, CUDA_R_16BF, m, k, s.lda())
+                          : lt.layout_create(&g.b, CUDA_R_16BF, k, m, s.lda()),
                  "cublasLtMatrixLayoutCreate");
-    check_cublas(lt.layout_create(&g.c, CUDA_R_16BF, n, m, static_cast<std::int64_t>(n)),
-                 "cublasLtMatrixLayoutCreate");
+    check_cublas(lt.layout_create(&g.c, CUDA_R_16BF, n, m, s.ldc()), "cublasLtMatrixLayoutCreate");
     cublasLtMatmulPreference_t pref = nullptr;
     check_cublas(lt.pref_create(&pref), "cublasLtMatmulPreferenceCreate");
     const std::uint64_t ws = kWorkspaceBytes;
@@ -243,9 +281,9 @@ struct GroupExecutor::Impl {
     if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
       destroy_gemm(g);
       throw InternalError(
-          fmt::format("cuBLASLt has no algorithm for a bf16 GEMM m={} n={} k={} "
-                      "on GPU {} ({})",
-                      s.m, s.n, s.k, r.device, lt.status_string(st)));
+          fmt::format("cuBLASLt has no algorithm for a bf16 GEMM m={} n={} k={} transa={} "
+                      "transb={} on GPU {} ({})",
+                      s.m, s.n, s.k, s.transa, s.transb, r.device, lt.status_string(st)));
     }
     g.algo = result.algo;
     return r.gemms.emplace(s, g).first->second;
@@ -578,6 +616,7 @@ struct GroupExecutor::Impl {
       KAREUS_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev_flag), host_flag, 0));
       KAREUS_CUDA(cudaSetDevice(ranks[0].device));
       spin_until(dev_flag, ranks[0].compute);
+      blocked = true;
       return;
     }
     const auto& n = nccl();
@@ -586,41 +625,64 @@ struct GroupExecutor::Impl {
       KAREUS_CUDA(cudaSetDevice(r.device));
       if (!r.p2p_buf) r.p2p_buf = device_alloc(r, kRecvElements * 2);
     }
-    Comms& cs = comms->get(sms);
-    // A complete round first, so that connections exist and the receive-only group below only
-    // launches kernels (it must not wait for the sender's setup, which is this same thread).
-    auto round = [&](bool with_recv) {
-      check_nccl(n.group_start(), "ncclGroupStart");
-      for (std::size_t i = 1; i < ranks.size(); ++i) {
-        check_nccl(n.send(ranks[0].p2p_buf, kRecvElements, ncclBfloat16, static_cast<int>(i), cs[0],
-                          ranks[0].coll),
-                   "ncclSend");
-        if (with_recv) {
-          check_nccl(n.recv(ranks[i].p2p_buf, kRecvElements, ncclBfloat16, 0, cs[i], ranks[i].coll),
-                     "ncclRecv");
-        }
-      }
-      check_nccl(n.group_end(), "ncclGroupEnd");
-    };
-    round(true);
+    blocked_ctas = sms;
+    sends_round(true);
     wait();
+    Comms& cs = comms->get(blocked_ctas);
     check_nccl(n.group_start(), "ncclGroupStart");
     for (std::size_t i = 1; i < ranks.size(); ++i) {
       check_nccl(n.recv(ranks[i].p2p_buf, kRecvElements, ncclBfloat16, 0, cs[i], ranks[i].coll),
                  "ncclRecv");
     }
-    check_nccl(n.group_end(), "ncclGroupEnd (blocked receive)");
-    blocked_round = [round] { round(false); };
+    const ncclResult_t end = n.group_end();
+    if (end != ncclSuccess) {
+      // Some receives may be in flight with no way to know which: sends could hang on them.
+      abort_comms = true;
+      check_nccl(end, "ncclGroupEnd (blocked receive)");
+    }
+    blocked = true;
   }
 
-  std::function<void()> blocked_round;
+  // Rank 0's sends to every other rank, with the matching receives when `with_recv`. The
+  // communicators are looked up by CTA count on every call rather than held by reference: a
+  // reference into the cache would dangle once the cache evicts the entry.
+  void sends_round(bool with_recv) {
+    const auto& n = nccl();
+    Comms& cs = comms->get(blocked_ctas);
+    check_nccl(n.group_start(), "ncclGroupStart");
+    for (std::size_t i = 1; i < ranks.size(); ++i) {
+      check_nccl(n.send(ranks[0].p2p_buf, kRecvElements, ncclBfloat16, static_cast<int>(i), cs[0],
+                        ranks[0].coll),
+                 "ncclSend");
+      if (with_recv) {
+        check_nccl(n.recv(ranks[i].p2p_buf, kRecvElements, ncclBfloat16, 0, cs[i], ranks[i].coll),
+                   "ncclRecv");
+      }
+    }
+    check_nccl(n.group_end(), "ncclGroupEnd");
+  }
 
-  void end_blocked_receive() {
+  bool blocked = false;      // receives (or the one-GPU spin) posted and not yet released
+  bool abort_comms = false;  // release failed: communicators are aborted, not destroyed
+  int blocked_ctas = 0;      // CTA count of the communicators the blocked receive runs on
+
+  // Posts the sends (or sets the spin flag) that end the blocked receive; does not wait.
+  void release_blocked() {
+    if (!blocked) return;
+    blocked = false;
     if (ranks.size() == 1) {
       *reinterpret_cast<volatile int*>(host_flag) = 1;
-    } else if (blocked_round) {
-      blocked_round();
-      blocked_round = nullptr;
+    } else {
+      sends_round(false);
+    }
+  }
+
+  void end_blocked_receive() {
+    try {
+      release_blocked();
+    } catch (...) {
+      abort_comms = true;  // the receives stay in flight: ~Impl must not wait for them
+      throw;
     }
     wait();
   }

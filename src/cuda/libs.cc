@@ -63,6 +63,7 @@ const CublasLt& cublaslt() {
     bind(h, "cublasLtDestroy", l.destroy);
     bind(h, "cublasLtGetStatusString", l.status_string);
     bind(h, "cublasLtMatmulDescCreate", l.desc_create);
+    bind(h, "cublasLtMatmulDescSetAttribute", l.desc_set);
     bind(h, "cublasLtMatmulDescDestroy", l.desc_destroy);
     bind(h, "cublasLtMatrixLayoutCreate", l.layout_create);
     bind(h, "cublasLtMatrixLayoutDestroy", l.layout_destroy);
@@ -105,6 +106,7 @@ const Nccl& nccl() {
     bind(h, "ncclGetUniqueId", l.unique_id);
     bind(h, "ncclCommInitRankConfig", l.init_rank_config);
     bind(h, "ncclCommDestroy", l.destroy);
+    bind(h, "ncclCommAbort", l.abort);
     bind(h, "ncclGetErrorString", l.error_string);
     bind(h, "ncclGroupStart", l.group_start);
     bind(h, "ncclGroupEnd", l.group_end);

@@ -21,6 +21,7 @@ struct CublasLt {
   decltype(&cublasLtDestroy) destroy;
   decltype(&cublasLtGetStatusString) status_string;
   decltype(&cublasLtMatmulDescCreate) desc_create;
+  decltype(&cublasLtMatmulDescSetAttribute) desc_set;
   decltype(&cublasLtMatmulDescDestroy) desc_destroy;
   decltype(&cublasLtMatrixLayoutCreate) layout_create;
   decltype(&cublasLtMatrixLayoutDestroy) layout_destroy;
@@ -50,6 +51,7 @@ struct Nccl {
   decltype(&ncclGetUniqueId) unique_id;
   decltype(&ncclCommInitRankConfig) init_rank_config;
   decltype(&ncclCommDestroy) destroy;
+  decltype(&ncclCommAbort) abort;
   decltype(&ncclGetErrorString) error_string;
   decltype(&ncclGroupStart) group_start;
   decltype(&ncclGroupEnd) group_end;

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
+#include <iterator>
 
 #include "kareus/error.h"
 
@@ -190,7 +192,9 @@ OpStep plan_op(const Kernel& k, std::int64_t hidden, std::int64_t head_dim) {
   switch (k.kind) {
     case OpKind::kGemm: {
       op.type = OpType::kGemm;
-      op.gemm = {k.m, k.n, k.k};
+      // The kernel graph (src/workload/kernel_graph.cc) names the backward pair of y = x W
+      // (W stored [k,n]) "<name>_dgrad", dx = dy W^T, and "<name>_wgrad", dW = x^T dy.
+      op.gemm = {k.m, k.n, k.k, ends_with(k.name, "_wgrad"), ends_with(k.name, "_dgrad")};
       const auto m = static_cast<std::size_t>(k.m), n = static_cast<std::size_t>(k.n),
                  kk = static_cast<std::size_t>(k.k);
       op.input_bytes = {m * kk * kBf16, kk * n * kBf16};
@@ -327,6 +331,21 @@ std::string catalogue_gpu_for_device(const std::string& device_name) {
   if (has("A100")) return has("80GB") ? "a100-sxm4-80gb" : "a100-sxm4-40gb";
   if (has("A40")) return "a40";
   return "";
+}
+
+int snap_to_clock_grid(const GpuSpec& g, int mhz) {
+  const auto clocks = g.supported_freqs_mhz();
+  if (clocks.empty()) return mhz;
+  return *std::min_element(clocks.begin(), clocks.end(),
+                           [mhz](int a, int b) { return std::abs(a - mhz) < std::abs(b - mhz); });
+}
+
+int clock_grid_steps(const GpuSpec& g, int a_mhz, int b_mhz) {
+  const auto clocks = g.supported_freqs_mhz();
+  if (clocks.empty()) return a_mhz == b_mhz ? 0 : 1;
+  const auto a = std::find(clocks.begin(), clocks.end(), snap_to_clock_grid(g, a_mhz));
+  const auto b = std::find(clocks.begin(), clocks.end(), snap_to_clock_grid(g, b_mhz));
+  return static_cast<int>(std::abs(std::distance(a, b)));
 }
 
 }  // namespace kareus::cuda

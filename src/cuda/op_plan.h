@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "kareus/hw.h"
 #include "kareus/partition.h"
 
 namespace kareus::cuda {
@@ -39,9 +40,17 @@ enum class OpType {
 };
 const char* to_string(OpType t);
 
-/// Row-major C[m,n] = A[m,k] B[k,n].
+/// Row-major C[m,n] = op(A) op(B) with op(A) [m,k] and op(B) [k,n]. `transa`: A is stored as
+/// [k,m] (a wgrad's activations, dW = x^T dy); `transb`: B is stored as [n,k] (a dgrad's weight,
+/// dx = dy W^T). Backward GEMMs run transposed like the framework's, since cuBLASLt picks
+/// different kernels for NT/TN than for NN.
 struct GemmShape {
   std::int64_t m = 0, n = 0, k = 0;
+  bool transa = false, transb = false;
+  /// Row-major leading dimensions (elements per stored row) of A, B and C.
+  std::int64_t lda() const { return transa ? m : k; }
+  std::int64_t ldb() const { return transb ? k : n; }
+  std::int64_t ldc() const { return n; }
   bool operator==(const GemmShape&) const = default;
   auto operator<=>(const GemmShape&) const = default;
 };
@@ -191,4 +200,11 @@ namespace kareus::cuda {
 /// "NVIDIA A100-SXM4-80GB"; empty when the card is not in the catalogue (PCIe and NVL variants
 /// of the SXM parts have other clocks and power limits and are not mapped).
 std::string catalogue_gpu_for_device(const std::string& device_name);
+
+/// The supported clock of `g` nearest to `mhz` (the lower one on a tie); `mhz` when the
+/// catalogue lists no clocks.
+int snap_to_clock_grid(const GpuSpec& g, int mhz);
+/// Grid steps between the supported clocks nearest to `a_mhz` and `b_mhz` (0: same clock). The
+/// cuda backend without clock control compares a window's clock with the start-up clock by it.
+int clock_grid_steps(const GpuSpec& g, int a_mhz, int b_mhz);
 }  // namespace kareus::cuda

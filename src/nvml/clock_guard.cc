@@ -2,7 +2,8 @@
 // crash or a kill must not leave a card slowed down (or pinned high) for the next job. Every lock
 // registers the device in a fixed-size, lock-free table before calling NVML; the table is read by
 // a SIGINT/SIGTERM/SIGHUP handler (which resets, restores the previous disposition and re-raises),
-// by an atexit hook, and through PR_SET_PDEATHSIG(SIGTERM) when the parent dies. Zeus resets
+// by an atexit hook, and (for hosts that opt in: it is process-wide) through
+// PR_SET_PDEATHSIG(SIGTERM) when the parent dies. Zeus resets
 // clocks the same way at exit (zeus/device/gpu/nvidia.py); the signal path is ours.
 //
 // The handler calls the cached nvmlDeviceResetGpuLockedClocks pointers directly and touches only
@@ -45,6 +46,7 @@ std::mutex g_mu;  // serialises writers; the signal path never takes it
 struct sigaction g_previous[kSignals.size()];
 std::atomic<bool> g_installed[kSignals.size()];
 std::once_flag g_once;
+std::once_flag g_pdeath_once;
 
 // Each slot is claimed with exchange, so a device is reset once even if the atexit hook and a
 // signal race.
@@ -75,15 +77,17 @@ void on_signal(int sig) {
 void reset_at_exit() { reset_every_slot(); }
 
 // Called with g_mu held.
-void install_safety_net() {
-  std::call_once(g_once, [] {
-    std::atexit(reset_at_exit);
-    // A caller that chose its own death signal keeps it.
-    int current = 0;
-    if (prctl(PR_GET_PDEATHSIG, &current) == 0 && current == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGTERM);
-    }
-  });
+void install_safety_net(bool reset_on_parent_death) {
+  std::call_once(g_once, [] { std::atexit(reset_at_exit); });
+  if (reset_on_parent_death) {
+    std::call_once(g_pdeath_once, [] {
+      // A caller that chose its own death signal keeps it.
+      int current = 0;
+      if (prctl(PR_GET_PDEATHSIG, &current) == 0 && current == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+      }
+    });
+  }
   for (std::size_t i = 0; i < kSignals.size(); ++i) {
     if (g_installed[i].load()) continue;
     struct sigaction previous = {};
@@ -101,15 +105,16 @@ void install_safety_net() {
 
 }  // namespace
 
-void register_locked(nvmlDevice_t device, ResetFn reset, const void* owner) {
+bool register_locked(nvmlDevice_t device, ResetFn reset, const void* owner,
+                     bool reset_on_parent_death) {
   std::lock_guard lock(g_mu);
-  install_safety_net();
+  install_safety_net(reset_on_parent_death);
   Slot* free_slot = nullptr;
   for (auto& slot : g_slots) {
     if (slot.device.load() == device) {
       slot.owner.store(owner);
       slot.reset.store(reset);
-      return;
+      return false;
     }
     if (free_slot == nullptr && slot.device.load() == nullptr) free_slot = &slot;
   }
@@ -119,6 +124,14 @@ void register_locked(nvmlDevice_t device, ResetFn reset, const void* owner) {
   free_slot->owner.store(owner);
   free_slot->reset.store(reset);
   free_slot->device.store(device);  // last: publishes the slot to the signal handler
+  return true;
+}
+
+bool is_registered(nvmlDevice_t device) {
+  for (const auto& slot : g_slots) {
+    if (slot.device.load() == device) return true;
+  }
+  return false;
 }
 
 void unregister_locked(nvmlDevice_t device) {
@@ -169,8 +182,11 @@ void ClockGuard::lock(int device_index, int freq_mhz) {
   }
   std::lock_guard lock(impl_->mu);
   auto it = impl_->locked_mhz.find(device_index);
-  if (it != impl_->locked_mhz.end() && it->second == freq_mhz) return;
-  impl_->nvml.device(device_index).lock_sm_clock(freq_mhz, freq_mhz);
+  Device& device = impl_->nvml.device(device_index);
+  // The signal path may have reset the device (a host handler that did not exit), so the
+  // shortcut also needs the registry to still hold it.
+  if (it != impl_->locked_mhz.end() && it->second == freq_mhz && device.lock_registered()) return;
+  device.lock_sm_clock(freq_mhz, freq_mhz);
   impl_->locked_mhz[device_index] = freq_mhz;
 }
 

@@ -133,8 +133,14 @@ constexpr std::uint64_t kThrottleMask = 0x4 | 0x8 | 0x20 | 0x40 | 0x80;
 
 class DeviceImpl : public Device {
  public:
-  DeviceImpl(const Api& api, Access access, int index, nvmlDevice_t handle, const void* owner)
-      : api_(api), access_(access), index_(index), handle_(handle), owner_(owner) {}
+  DeviceImpl(const Api& api, Access access, int index, nvmlDevice_t handle, const void* owner,
+             bool reset_on_parent_death)
+      : api_(api),
+        access_(access),
+        index_(index),
+        handle_(handle),
+        owner_(owner),
+        reset_on_parent_death_(reset_on_parent_death) {}
 
   int index() const override { return index_; }
 
@@ -242,11 +248,12 @@ class DeviceImpl : public Device {
     auto* set = need(api_.device_set_gpu_locked_clocks, "nvmlDeviceSetGpuLockedClocks");
     auto* reset = need(api_.device_reset_gpu_locked_clocks, "nvmlDeviceResetGpuLockedClocks");
     // Registered before the call, so a signal that lands during it still resets the clock.
-    detail::register_locked(handle_, reset, owner_);
+    const bool added = detail::register_locked(handle_, reset, owner_, reset_on_parent_death_);
     const nvmlReturn_t rc =
         set(handle_, static_cast<unsigned>(min_mhz), static_cast<unsigned>(max_mhz));
     if (rc != detail::kNvmlSuccess) {
-      detail::unregister_locked(handle_);
+      // A failed re-lock leaves the device at its previous lock, which still needs the reset.
+      if (added) detail::unregister_locked(handle_);
       check(rc, what, fmt::format("locking the SM clock to [{}, {}] MHz", min_mhz, max_mhz));
     }
   }
@@ -259,6 +266,8 @@ class DeviceImpl : public Device {
     check(rc, what);
     detail::unregister_locked(handle_);
   }
+
+  bool lock_registered() const override { return detail::is_registered(handle_); }
 
  private:
   template <typename Fn>
@@ -309,11 +318,13 @@ class DeviceImpl : public Device {
   int index_;
   nvmlDevice_t handle_;
   const void* owner_;
+  bool reset_on_parent_death_;
 };
 
 class NvmlImpl : public Nvml {
  public:
-  NvmlImpl(const Api& api, Access access) : api_(api), access_(access) {
+  NvmlImpl(const Api& api, const Options& o)
+      : api_(api), access_(o.access), reset_on_parent_death_(o.reset_on_parent_death) {
     check(api_.init_v2(), fmt::format("nvmlInit_v2 ({})", api_.path));
   }
 
@@ -343,13 +354,59 @@ class NvmlImpl : public Nvml {
     nvmlDevice_t handle = nullptr;
     check(api_.device_get_handle_by_index_v2(static_cast<unsigned>(index), &handle),
           fmt::format("nvmlDeviceGetHandleByIndex_v2(gpu {})", index));
-    auto [pos, inserted] =
-        devices_.emplace(index, std::make_unique<DeviceImpl>(api_, access_, index, handle, this));
+    auto [pos, inserted] = devices_.emplace(
+        index,
+        std::make_unique<DeviceImpl>(api_, access_, index, handle, this, reset_on_parent_death_));
     return *pos->second;
+  }
+
+  Device& device_by_uuid(const std::string& uuid) override {
+    return by_identity(api_.device_get_handle_by_uuid, "nvmlDeviceGetHandleByUUID", "UUID", uuid,
+                       "as `nvidia-smi -L` prints it, e.g. GPU-8f3c...");
+  }
+
+  Device& device_by_pci_bus_id(const std::string& pci_bus_id) override {
+    return by_identity(api_.device_get_handle_by_pci_bus_id_v2, "nvmlDeviceGetHandleByPciBusId_v2",
+                       "PCI bus id", pci_bus_id,
+                       "domain:bus:device.function in hex, as `nvidia-smi --query-gpu=pci.bus_id "
+                       "--format=csv` prints it, e.g. 00000000:3B:00.0");
   }
 
   Access access() const override { return access_; }
 
+ private:
+  using ByIdentityFn = nvmlReturn_t (*)(const char*, nvmlDevice_t*);
+
+  // NVML hands out one handle per device, so the index is the one whose handle matches.
+  Device& by_identity(ByIdentityFn fn, const char* symbol, const char* what, const std::string& id,
+                      const char* format) {
+    if (id.empty()) throw InvalidInput(fmt::format("GPU {}: empty ({})", what, format));
+    if (fn == nullptr) {
+      throw NvmlUnavailable(detail::kNvmlErrorFunctionNotFound,
+                            fmt::format("{}: missing from {}; the NVIDIA driver is too old to "
+                                        "select a GPU by {} (select it by index instead)",
+                                        symbol, api_.path, what));
+    }
+    nvmlDevice_t handle = nullptr;
+    const nvmlReturn_t rc = fn(id.c_str(), &handle);
+    // NOT_FOUND (6) and INVALID_ARGUMENT (2): no such device, or a malformed id.
+    if (rc == 6 || rc == 2) {
+      throw InvalidInput(fmt::format("GPU {} '{}': NVML has no such device ({}; expected {})", what,
+                                     id, rc == 6 ? "not found" : "invalid argument", format));
+    }
+    check(rc, fmt::format("{}({})", symbol, id));
+    const int count = device_count();
+    for (int i = 0; i < count; ++i) {
+      nvmlDevice_t other = nullptr;
+      check(api_.device_get_handle_by_index_v2(static_cast<unsigned>(i), &other),
+            fmt::format("nvmlDeviceGetHandleByIndex_v2(gpu {})", i));
+      if (other == handle) return device(i);
+    }
+    throw InternalError(
+        fmt::format("{}({}): NVML returned a handle that no device index has", symbol, id));
+  }
+
+ public:
   std::string driver_version() override {
     if (api_.system_get_driver_version == nullptr) {
       throw NvmlUnavailable(detail::kNvmlErrorFunctionNotFound,
@@ -363,6 +420,7 @@ class NvmlImpl : public Nvml {
  private:
   const Api& api_;
   Access access_;
+  bool reset_on_parent_death_;
   std::mutex mu_;
   std::map<int, std::unique_ptr<DeviceImpl>> devices_;
 };
@@ -445,6 +503,8 @@ const Api& load_api(const std::string& path) {
     }
   }
   resolve(*api, api->error_string, "nvmlErrorString");
+  resolve(*api, api->device_get_handle_by_uuid, "nvmlDeviceGetHandleByUUID");
+  resolve(*api, api->device_get_handle_by_pci_bus_id_v2, "nvmlDeviceGetHandleByPciBusId_v2");
   resolve(*api, api->system_get_driver_version, "nvmlSystemGetDriverVersion");
   resolve(*api, api->device_get_name, "nvmlDeviceGetName");
   resolve(*api, api->device_get_uuid, "nvmlDeviceGetUUID");
@@ -470,7 +530,7 @@ const Api& load_api(const std::string& path) {
 
 std::unique_ptr<Nvml> open(const Options& o) {
   const std::string path = o.library.empty() ? default_library() : o.library;
-  return std::make_unique<NvmlImpl>(detail::load_api(path), o.access);
+  return std::make_unique<NvmlImpl>(detail::load_api(path), o);
 }
 
 }  // namespace kareus::nvml

@@ -33,6 +33,10 @@ struct Api {
   nvmlReturn_t (*shutdown)() = nullptr;                                              // required
   nvmlReturn_t (*device_get_count_v2)(unsigned*) = nullptr;                          // required
   nvmlReturn_t (*device_get_handle_by_index_v2)(unsigned, nvmlDevice_t*) = nullptr;  // required
+  // Selection by identity, because NVML's index order is neither CUDA's nor filtered by
+  // CUDA_VISIBLE_DEVICES.
+  nvmlReturn_t (*device_get_handle_by_uuid)(const char*, nvmlDevice_t*) = nullptr;
+  nvmlReturn_t (*device_get_handle_by_pci_bus_id_v2)(const char*, nvmlDevice_t*) = nullptr;
   const char* (*error_string)(nvmlReturn_t) = nullptr;
   nvmlReturn_t (*system_get_driver_version)(char*, unsigned) = nullptr;
   nvmlReturn_t (*device_get_name)(nvmlDevice_t, char*, unsigned) = nullptr;
@@ -61,8 +65,14 @@ const Api& load_api(const std::string& path);
 /// Process-wide registry of locked devices, read by the signal/atexit/parent-death reset path.
 /// `owner` identifies the Nvml object, so its destructor can reset what it locked before
 /// nvmlShutdown invalidates the handles. Registering installs the safety net on first use.
-void register_locked(nvmlDevice_t device, ResetFn reset, const void* owner);
+/// Returns true when this call added the device (false: it was registered already).
+/// `reset_on_parent_death` also arms PR_SET_PDEATHSIG(SIGTERM) (once, unless the process chose
+/// its own death signal): a process-wide setting, so only hosts that ask for it get it.
+bool register_locked(nvmlDevice_t device, ResetFn reset, const void* owner,
+                     bool reset_on_parent_death);
 void unregister_locked(nvmlDevice_t device);
+/// Whether `device` is in the registry (the signal path may have reset and removed it).
+bool is_registered(nvmlDevice_t device);
 /// Resets and unregisters every device registered by `owner` (normal context; errors ignored).
 void reset_registered(const void* owner);
 

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -65,6 +66,21 @@ class Reader {
     const auto& v = at(j, key, path);
     if (!v.is_string()) fail(join_path(path, key), "expected a string");
     return v.get<std::string>();
+  }
+  // Times, energies and powers: a tampered NaN/inf or a negative value would poison every sum
+  // the replay and the controller compute from them.
+  double non_negative(const nlohmann::json& j, const std::string& key,
+                      const std::string& path) const {
+    const double v = number(j, key, path);
+    if (!std::isfinite(v) || v < 0)
+      fail(join_path(path, key), fmt::format("{}: must be finite and >= 0", v));
+    return v;
+  }
+  double positive(const nlohmann::json& j, const std::string& key, const std::string& path) const {
+    const double v = number(j, key, path);
+    if (!std::isfinite(v) || v <= 0)
+      fail(join_path(path, key), fmt::format("{}: must be finite and > 0", v));
+    return v;
   }
   bool boolean(const nlohmann::json& j, const std::string& key, const std::string& path) const {
     const auto& v = at(j, key, path);
@@ -297,12 +313,14 @@ Plan Plan::from_json(const nlohmann::json& j, const std::string& source) {
     r.fail("execution", fmt::format("'{}': allowed: overlapped, sequential", ex));
   }
   p.goal = j.contains("goal") ? r.text(j, "goal", "") : "";
-  p.iteration_time_s = r.number(j, "iteration_time_s", "");
-  p.energy_j = r.number(j, "energy_j", "");
-  p.static_power_w = r.number(j, "static_power_w", "");
-  p.clock_switch_s = r.number(j, "clock_switch_s", "");
-  if (p.clock_switch_s < 0) r.fail("clock_switch_s", "must be >= 0");
-  p.min_clock_hold_s = r.number(j, "min_clock_hold_s", "");
+  p.iteration_time_s = r.positive(j, "iteration_time_s", "");
+  p.energy_j = r.positive(j, "energy_j", "");
+  p.static_power_w = r.non_negative(j, "static_power_w", "");
+  p.clock_switch_s = r.non_negative(j, "clock_switch_s", "");
+  p.min_clock_hold_s = r.non_negative(j, "min_clock_hold_s", "");
+  // The planner writes each stage's end as the maximum of values whose maximum is
+  // iteration_time_s, so they agree exactly; the slack only absorbs a rounding edit.
+  const double tolerance_s = kTimeTolerance * p.iteration_time_s;
   const auto& stages = r.array(j, "stages", "");
   for (std::size_t si = 0; si < stages.size(); ++si) {
     const std::string sp = index_path("stages", si);
@@ -315,7 +333,12 @@ Plan Plan::from_json(const nlohmann::json& j, const std::string& source) {
       s.ranks.push_back(v.get<int>());
     }
     s.clock_changes = r.integer(sj, "clock_changes", sp);
-    s.end_s = r.number(sj, "end_s", sp);
+    s.end_s = r.non_negative(sj, "end_s", sp);
+    if (s.end_s > p.iteration_time_s + tolerance_s) {
+      r.fail(sp + ".end_s", fmt::format("{}: must be <= iteration_time_s ({}): the iteration ends "
+                                        "when its last stage does",
+                                        s.end_s, p.iteration_time_s));
+    }
     const auto& instrs = r.array(sj, "instructions", sp);
     for (std::size_t ii = 0; ii < instrs.size(); ++ii) {
       const std::string ip = index_path(sp + ".instructions", ii);
@@ -329,10 +352,24 @@ Plan Plan::from_json(const nlohmann::json& j, const std::string& source) {
       in.microbatch = r.integer(ij, "microbatch", ip);
       in.freq_mhz = r.integer(ij, "freq_mhz", ip);
       in.clock_switch = r.boolean(ij, "clock_switch", ip);
-      in.start_s = r.number(ij, "start_s", ip);
-      in.end_s = r.number(ij, "end_s", ip);
-      in.time_s = r.number(ij, "time_s", ip);
-      in.dynamic_energy_j = r.number(ij, "dynamic_energy_j", ip);
+      in.start_s = r.non_negative(ij, "start_s", ip);
+      in.end_s = r.non_negative(ij, "end_s", ip);
+      in.time_s = r.non_negative(ij, "time_s", ip);
+      in.dynamic_energy_j = r.non_negative(ij, "dynamic_energy_j", ip);
+      if (in.end_s < in.start_s) {
+        r.fail(ip + ".end_s", fmt::format("{}: must be >= start_s ({})", in.end_s, in.start_s));
+      }
+      if (in.end_s > s.end_s + tolerance_s) {
+        r.fail(ip + ".end_s",
+               fmt::format("{}: must be <= the stage's end_s ({})", in.end_s, s.end_s));
+      }
+      const PlanInstruction* prev = ii == 0 ? nullptr : &s.instructions.back();
+      if (prev && in.start_s < prev->start_s) {
+        r.fail(ip + ".start_s",
+               fmt::format("{}: must be >= the previous instruction's start_s ({}): a stage runs "
+                           "its instructions one after another",
+                           in.start_s, prev->start_s));
+      }
       const auto& parts = r.at(ij, "partitions", ip);
       if (!parts.is_object()) r.fail(ip + ".partitions", "expected an object keyed by partition");
       for (const auto& [key, c] : parts.items()) {
@@ -460,6 +497,20 @@ void validate_plan(const Plan& p, const Workload& w, const std::string& source) 
                fmt::format("{}: {} supports {}..{} MHz in {} MHz steps", in.freq_mhz, gpu.name,
                            gpu.min_freq_mhz, gpu.max_freq_mhz, gpu.freq_step_mhz));
       }
+      // clock_switch and clock_changes are derived from the freq_mhz sequence; the controller
+      // and the prediction both rely on them agreeing with it. Checked after the clocks
+      // themselves, so that a bad clock is reported as such.
+      const PlanInstruction* prev = i == 0 ? nullptr : &st.instructions[i - 1];
+      const bool switches = prev && prev->freq_mhz != in.freq_mhz;
+      if (in.clock_switch != switches) {
+        r.fail(ip + ".clock_switch",
+               prev ? fmt::format("{}: freq_mhz {} {} the previous instruction's {}: expected {}",
+                                  in.clock_switch, in.freq_mhz,
+                                  switches ? "differs from" : "equals", prev->freq_mhz, switches)
+                    : fmt::format("{}: the stage's first instruction never switches: expected "
+                                  "false",
+                                  in.clock_switch));
+      }
       if (p.execution == ExecutionMode::kSequential) {
         if (!in.partitions.empty()) {
           r.fail(ip + ".partitions", "a sequential plan runs no partitions: expected {}");
@@ -518,6 +569,13 @@ void validate_plan(const Plan& p, const Workload& w, const std::string& source) 
                  fmt::format("covers {} instances: the instruction runs {}", next, count[key]));
         }
       }
+    }
+    const int changes =
+        static_cast<int>(st.clock_runs().size()) - (st.instructions.empty() ? 0 : 1);
+    if (st.clock_changes != changes) {
+      r.fail(sp + ".clock_changes",
+             fmt::format("{}: the stage's freq_mhz sequence changes {} times: expected {}",
+                         st.clock_changes, changes, changes));
     }
   }
 }

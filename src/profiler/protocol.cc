@@ -3,7 +3,9 @@
 // device up, sizes the window from a calibration run, measures one window (time from the device,
 // energy as the counter's difference, temperature, clock and throttle reasons around it) and
 // cools down. A window whose clock left the expected clock by more than the allowed drift, or
-// during which a throttle reason was raised, is measured again after the cool-down. Every
+// during which a transient throttle reason (thermal, hardware slowdown, power brake; not the
+// steady software power cap) was raised, is measured again after the cool-down. Clocks and
+// reasons come from samples taken during the window where the target provides them. Every
 // attempt recalibrates, since a throttled calibration would size the next window wrongly.
 #include "kareus/protocol.h"
 
@@ -68,11 +70,19 @@ ProtocolResult run_protocol(MeasurementTarget& target, const ProtocolOptions& o,
     const double temp_before = target.temperature_c();
     const int clock_before = target.sm_clock_mhz();
     const double e0 = target.energy_j();
-    const double elapsed_s = target.run(n);
+    const WindowObservation w = target.run_window(n);
+    const double elapsed_s = w.elapsed_s;
     const double e1 = target.energy_j();
     const int clock_after = target.sm_clock_mhz();
     const double temp_after = target.temperature_c();
-    const std::uint64_t mask = target.throttle_mask();
+    const std::uint64_t mask = target.throttle_mask() | w.throttle_mask;
+
+    // In-window samples describe the window; reads around it are only a fallback, since on a
+    // GPU they see the idle device before the window is queued and after it has synchronised.
+    const bool sampled = w.samples > 0;
+    const int clock_lo = sampled ? w.min_clock_mhz : std::min(clock_before, clock_after);
+    const int clock_hi = sampled ? w.max_clock_mhz : std::max(clock_before, clock_after);
+    const int clock_start = sampled ? w.first_clock_mhz : clock_before;
 
     r.attempts = attempt;
     r.iterations = n;
@@ -81,21 +91,22 @@ ProtocolResult run_protocol(MeasurementTarget& target, const ProtocolOptions& o,
     r.energy_j = (e1 - e0) / n / gpus;
     r.temperature_before_c = temp_before;
     r.temperature_after_c = temp_after;
-    r.clock_mhz = std::min(clock_before, clock_after);
+    r.clock_mhz = clock_lo;
+    r.clock_max_mhz = clock_hi;
     r.throttle_mask = mask;
 
     // With no expected clock the window must at least keep the clock it started with.
-    const int reference = expected_clock_mhz > 0 ? expected_clock_mhz : clock_before;
-    const int drift =
-        std::max(std::abs(clock_before - reference), std::abs(clock_after - reference));
+    const int reference = expected_clock_mhz > 0 ? expected_clock_mhz : clock_start;
+    const int drift = std::max(std::abs(clock_lo - reference), std::abs(clock_hi - reference));
     std::string why;
     if (drift > o.max_clock_drift_mhz) {
-      why = fmt::format("clock {}..{} MHz drifted {} MHz from {} MHz (allowed {})", clock_before,
-                        clock_after, drift, reference, o.max_clock_drift_mhz);
+      why = fmt::format("clock {}..{} MHz drifted {} MHz from {} MHz (allowed {})", clock_lo,
+                        clock_hi, drift, reference, o.max_clock_drift_mhz);
     }
-    if (mask != 0) {
-      why +=
-          fmt::format("{}throttled ({})", why.empty() ? "" : ", ", target.describe_throttle(mask));
+    // sw_power_cap is recorded in the mask but is no transient: it does not repeat a window.
+    if ((mask & kRepeatThrottleMask) != 0) {
+      why += fmt::format("{}throttled ({})", why.empty() ? "" : ", ",
+                         target.describe_throttle(mask & kRepeatThrottleMask));
     }
     if (!(e1 >= e0)) {
       why += fmt::format("{}energy counter went backwards ({} -> {} J)", why.empty() ? "" : ", ",

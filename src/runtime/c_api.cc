@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdio>
 #include <exception>
 #include <memory>
 #include <new>
@@ -86,6 +87,9 @@ struct kareus_controller {
   std::unique_ptr<kareus::runtime::FrequencyController> impl;
   pid_t pid = 0;
   bool stopped = false;
+  /// Plans attached to this controller, so freeing it can detach them instead of leaving them a
+  /// dangling pointer.
+  std::vector<kareus_plan*> plans;
 };
 
 struct kareus_plan {
@@ -124,6 +128,18 @@ struct kareus_plan {
                        in.microbatch, index, st().instructions.size());
   }
 };
+
+namespace {
+
+// Removes the plan from its controller's list and clears its pointer.
+void detach(kareus_plan* plan) {
+  kareus_controller* c = plan->controller;
+  if (c == nullptr) return;
+  std::erase(c->plans, plan);
+  plan->controller = nullptr;
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -179,7 +195,11 @@ int kareus_plan_open(const char* plan_path, const char* workload_path, int globa
   });
 }
 
-void kareus_plan_close(kareus_plan* plan) { delete plan; }
+void kareus_plan_close(kareus_plan* plan) {
+  if (plan == nullptr) return;
+  detach(plan);
+  delete plan;
+}
 
 int kareus_plan_rank(const kareus_plan* plan, int* global_rank) {
   return guarded(__func__, [&] { *need(global_rank, "global_rank") = need(plan, "plan")->rank; });
@@ -344,6 +364,8 @@ int kareus_controller_start_ex(const kareus_controller_options* options, kareus_
     if (options->log_path) o.log_path = options->log_path;
     if (options->executable) o.executable = options->executable;
     if (options->nvml_library) o.nvml_library = options->nvml_library;
+    if (options->gpu_uuid) o.gpu_uuid = options->gpu_uuid;
+    if (options->pci_bus_id) o.pci_bus_id = options->pci_bus_id;
     o.coalesce = options->coalesce != 0;
     if (o.dry_run && o.log_path.empty()) {
       fail(KAREUS_ERR_ARGUMENT, "a dry-run controller needs log_path (its JSON-lines log)");
@@ -384,11 +406,19 @@ void kareus_controller_free(kareus_controller* controller) {
   if (controller == nullptr) return;
   // Stop first, here, where a failure can be caught: it must not escape into C.
   (void)kareus_controller_stop(controller);
+  for (kareus_plan* plan : controller->plans) plan->controller = nullptr;
   delete controller;
 }
 
 int kareus_plan_attach_controller(kareus_plan* plan, kareus_controller* controller) {
-  return guarded(__func__, [&] { need(plan, "plan")->controller = controller; });
+  return guarded(__func__, [&] {
+    need(plan, "plan");
+    detach(plan);
+    if (controller != nullptr) {
+      controller->plans.push_back(plan);
+      plan->controller = controller;
+    }
+  });
 }
 
 int kareus_instruction_begin(kareus_plan* plan, int kind, int microbatch) {
@@ -416,7 +446,17 @@ int kareus_instruction_begin(kareus_plan* plan, int kind, int microbatch) {
         fail(KAREUS_ERR_STATE,
              fmt::format("the attached controller (pid {}) is stopped", plan->controller->pid));
       }
-      plan->controller->impl->set_clock(want.freq_mhz);
+      try {
+        plan->controller->impl->set_clock(want.freq_mhz);
+      } catch (const kareus::Error& e) {
+        // The controller died (its own reset ran, or its parent-death path will): failing every
+        // later hook would kill a training job that only lost its energy saving.
+        std::fprintf(stderr,
+                     "kareus: warning: rank %d: %s; detaching the frequency controller, training "
+                     "continues at the GPU's default clocks\n",
+                     plan->rank, e.what());
+        detach(plan);
+      }
     }
     plan->open = true;
   });

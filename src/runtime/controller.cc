@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -104,7 +105,8 @@ std::pair<std::string, bool> find_executable(const ControllerOptions& o) {
 
 class ControllerImpl : public FrequencyController {
  public:
-  ControllerImpl(pid_t pid, int fd) : pid_(pid), fd_(fd) {}
+  ControllerImpl(pid_t pid, int fd, bool dry_run)
+      : pid_(pid), owner_pid_(getpid()), dry_run_(dry_run), fd_(fd) {}
 
   ~ControllerImpl() override {
     try {
@@ -127,7 +129,7 @@ class ControllerImpl : public FrequencyController {
     if (err == 0) return;
     if (err == EAGAIN || err == EWOULDBLOCK) {
       pending_ = freq_mhz;
-      if (!flusher_.joinable()) flusher_ = std::thread([this] { flush_loop(); });
+      if (!flusher_) flusher_ = std::make_unique<std::thread>([this] { flush_loop(); });
       cv_.notify_one();
       return;
     }
@@ -136,6 +138,17 @@ class ControllerImpl : public FrequencyController {
   }
 
   void stop() override {
+    if (getpid() != owner_pid_) {
+      // A forked child (a data-loader worker) holds a copy of this object: the controller is the
+      // parent's, so the child only drops its descriptor. No shutdown() (it would end the
+      // parent's channel), no signal, no wait; the flusher thread does not exist here, so its
+      // handle is leaked rather than joined.
+      if (stopped_) return;
+      stopped_ = true;
+      if (fd_ >= 0) close(std::exchange(fd_, -1));
+      (void)flusher_.release();
+      return;
+    }
     {
       std::lock_guard lock(mu_);
       if (stopped_) return;
@@ -143,7 +156,7 @@ class ControllerImpl : public FrequencyController {
       stopping_ = true;
     }
     cv_.notify_all();
-    if (flusher_.joinable()) flusher_.join();
+    if (flusher_ && flusher_->joinable()) flusher_->join();
     {
       std::lock_guard lock(mu_);
       if (fd_ >= 0) {
@@ -204,9 +217,12 @@ class ControllerImpl : public FrequencyController {
     }
   }
 
-  // Waits for the controller: a few seconds after end-of-file, then SIGTERM, then SIGKILL.
+  // Waits for the controller after end-of-file, then SIGTERM, then SIGKILL. A SIGKILL leaves a
+  // locked clock locked, so a controller that drives NVML (calls of 10-20 ms, longer on a busy
+  // driver) gets far longer than a dry run before it.
   std::optional<int> reap() {
-    const std::pair<int, double> steps[] = {{0, 5.0}, {SIGTERM, 2.0}, {SIGKILL, 5.0}};
+    const std::pair<int, double> steps[] = {
+        {0, dry_run_ ? 5.0 : 10.0}, {SIGTERM, dry_run_ ? 2.0 : 30.0}, {SIGKILL, 5.0}};
     for (const auto& [sig, wait_s] : steps) {
       if (sig != 0) kill(pid_, sig);
       const auto deadline = Clock::now() + std::chrono::duration<double>(wait_s);
@@ -222,6 +238,8 @@ class ControllerImpl : public FrequencyController {
   }
 
   const pid_t pid_;
+  const pid_t owner_pid_;  // the process that started the controller (see stop())
+  const bool dry_run_;
   std::mutex mu_;
   std::condition_variable cv_;
   int fd_;
@@ -229,7 +247,7 @@ class ControllerImpl : public FrequencyController {
   std::optional<std::string> error_;
   bool stopping_ = false;
   bool stopped_ = false;
-  std::thread flusher_;
+  std::unique_ptr<std::thread> flusher_;  // a pointer, so a forked child can leak it
 };
 
 // Reads the controller's start-up report: "R" when ready, "E<message>" or end-of-file on failure.
@@ -246,7 +264,12 @@ std::string wait_ready(int fd, pid_t pid, double timeout_s, bool* ready) {
     pollfd p = {fd, POLLIN, 0};
     const int r = poll(&p, 1, static_cast<int>(left.count()));
     if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) continue;
+    if (r < 0) {
+      *ready = false;
+      return fmt::format("waiting for kareus-freqd (pid {}) to report ready: poll: {}", pid,
+                         std::strerror(errno));
+    }
+    if (r == 0) continue;
     char buf[512];
     const ssize_t n = read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
@@ -273,6 +296,11 @@ std::unique_ptr<FrequencyController> FrequencyController::start(const Controller
     throw InvalidInput(
         "ControllerOptions.log_path is required with dry_run (the log is the only "
         "output of a dry run)");
+  }
+  if (!o.gpu_uuid.empty() && !o.pci_bus_id.empty()) {
+    throw InvalidInput(fmt::format(
+        "ControllerOptions: gpu_uuid '{}' and pci_bus_id '{}' are both set; give one of them",
+        o.gpu_uuid, o.pci_bus_id));
   }
   const auto [exe, search_path] = find_executable(o);
 
@@ -304,6 +332,8 @@ std::unique_ptr<FrequencyController> FrequencyController::start(const Controller
                                    std::to_string(kChildReadyFd),
                                    "--parent-pid",
                                    std::to_string(getpid())};
+  if (!o.gpu_uuid.empty()) args.insert(args.end(), {"--gpu-uuid", o.gpu_uuid});
+  if (!o.pci_bus_id.empty()) args.insert(args.end(), {"--pci-bus-id", o.pci_bus_id});
   if (o.dry_run) args.push_back("--dry-run");
   if (o.coalesce) args.push_back("--coalesce");
   if (!o.log_path.empty()) args.insert(args.end(), {"--log", o.log_path});
@@ -326,7 +356,12 @@ std::unique_ptr<FrequencyController> FrequencyController::start(const Controller
   for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGPIPE, SIGCHLD}) sigaddset(&defaults, sig);
   posix_spawnattr_setsigmask(&attr, &empty);
   posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  // Its own process group: Ctrl-C or a hang-up in the trainer's terminal goes to the foreground
+  // group and must not end the controller while the trainer, which may handle the signal, goes
+  // on. End-of-file, SIGTERM and the parent-death signal still end it.
+  posix_spawnattr_setpgroup(&attr, 0);
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
   pid_t pid = -1;
   const int rc = search_path
                      ? posix_spawnp(&pid, exe.c_str(), &actions, &attr, argv.data(), environ)
@@ -344,7 +379,7 @@ std::unique_ptr<FrequencyController> FrequencyController::start(const Controller
 
   bool is_ready = false;
   const std::string failure = wait_ready(ready_r.get(), pid, o.ready_timeout_s, &is_ready);
-  if (is_ready) return std::make_unique<ControllerImpl>(pid, ours.release());
+  if (is_ready) return std::make_unique<ControllerImpl>(pid, ours.release(), o.dry_run);
 
   ours.reset();  // end-of-file lets a slow starter exit by itself
   int status = 0;
@@ -357,8 +392,10 @@ std::unique_ptr<FrequencyController> FrequencyController::start(const Controller
     kill(pid, SIGKILL);
     waitpid(pid, &status, 0);
   }
-  const std::string message =
-      fmt::format("frequency controller for GPU {}: {}", o.gpu_index, failure);
+  const std::string which = !o.gpu_uuid.empty()     ? o.gpu_uuid
+                            : !o.pci_bus_id.empty() ? o.pci_bus_id
+                                                    : std::to_string(o.gpu_index);
+  const std::string message = fmt::format("frequency controller for GPU {}: {}", which, failure);
   if (r == pid && WIFEXITED(status) && WEXITSTATUS(status) == 2) throw InvalidInput(message);
   if (r == pid && WIFEXITED(status) && WEXITSTATUS(status) == 3) throw NotSupported(message);
   throw Error(message);

@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -79,15 +80,30 @@ class TransitionLog {
   int fd_ = -1;
 };
 
+// NVML's index of the GPU the options name (UUID, PCI bus id or index); validates it.
+int resolve_gpu(const ControllerDaemonOptions& o, nvml::Nvml& lib) {
+  if (!o.gpu_uuid.empty()) return lib.device_by_uuid(o.gpu_uuid).index();
+  if (!o.pci_bus_id.empty()) return lib.device_by_pci_bus_id(o.pci_bus_id).index();
+  return lib.device(o.gpu_index).index();
+}
+
 // What touches the clock: NVML through a ClockGuard, or nothing in a dry run.
 class Actuator {
  public:
-  Actuator(const ControllerDaemonOptions& o) : gpu_(o.gpu_index) {
-    if (o.dry_run) return;
-    nvml_ = nvml::open({nvml::Access::kClockControl, o.nvml_library});
-    nvml_->device(gpu_);  // validates the index before the controller reports ready
+  explicit Actuator(const ControllerDaemonOptions& o) : gpu_(o.gpu_index) {
+    const bool by_identity = !o.gpu_uuid.empty() || !o.pci_bus_id.empty();
+    if (o.dry_run) {
+      // A dry run touches no clock, but a UUID or bus id still has to name a real GPU.
+      if (by_identity)
+        gpu_ = resolve_gpu(o, *nvml::open({nvml::Access::kReadOnly, o.nvml_library}));
+      return;
+    }
+    // This process exists only to own the clock, so it opts into the parent-death reset.
+    nvml_ = nvml::open({nvml::Access::kClockControl, o.nvml_library, true});
+    gpu_ = resolve_gpu(o, *nvml_);  // before the controller reports ready
     guard_ = std::make_unique<nvml::ClockGuard>(*nvml_);
   }
+  int gpu() const { return gpu_; }
   ~Actuator() {
     guard_.reset();  // resets before NVML shuts down
     nvml_.reset();
@@ -117,8 +133,8 @@ class Controller {
 
   void apply(int target_mhz) {
     if (target_mhz < 0) {
-      std::fprintf(stderr, "kareus-freqd: gpu %d: ignoring invalid target %d MHz\n", o_.gpu_index,
-                   target_mhz);
+      std::fprintf(stderr, "kareus-freqd: gpu %d: ignoring invalid target %d MHz\n",
+                   actuator_.gpu(), target_mhz);
       return;
     }
     if (target_mhz == current_mhz_) return;
@@ -129,7 +145,7 @@ class Controller {
       const std::string what = e.what();
       log_.event("error", target_mhz, nullptr, what);
       if (reported_.insert(what).second) {
-        std::fprintf(stderr, "kareus-freqd: gpu %d: %s\n", o_.gpu_index, what.c_str());
+        std::fprintf(stderr, "kareus-freqd: gpu %d: %s\n", actuator_.gpu(), what.c_str());
       }
       return;
     }
@@ -147,7 +163,7 @@ class Controller {
         actuator_.apply(0);
       } catch (const Error& e) {
         log_.event("error", 0, nullptr, e.what());
-        std::fprintf(stderr, "kareus-freqd: gpu %d: %s\n", o_.gpu_index, e.what());
+        std::fprintf(stderr, "kareus-freqd: gpu %d: %s\n", actuator_.gpu(), e.what());
       }
     }
     current_mhz_ = 0;
@@ -182,11 +198,16 @@ int run_controller_daemon(const ControllerDaemonOptions& o) {
     if (o.gpu_index < 0) {
       throw InvalidInput(fmt::format("--gpu must be >= 0, got {}", o.gpu_index));
     }
+    if (!o.gpu_uuid.empty() && !o.pci_bus_id.empty()) {
+      throw InvalidInput(
+          fmt::format("--gpu-uuid {} and --pci-bus-id {}: give one of them, not both", o.gpu_uuid,
+                      o.pci_bus_id));
+    }
     if (o.dry_run && o.log_path.empty()) {
       throw InvalidInput("--dry-run needs --log FILE (the log is the only output of a dry run)");
     }
-    log = std::make_unique<TransitionLog>(o.log_path, o.gpu_index);
     actuator = std::make_unique<Actuator>(o);
+    log = std::make_unique<TransitionLog>(o.log_path, actuator->gpu());
     sfd = signalfd(-1, &mask, SFD_CLOEXEC);
     if (sfd < 0) throw Error(fmt::format("signalfd: {}", std::strerror(errno)));
   } catch (const std::exception& e) {
@@ -211,9 +232,35 @@ int run_controller_daemon(const ControllerDaemonOptions& o) {
   }
 
   // Targets arrive as records on a socket, but a byte stream (a pipe, a file) works the same.
+  // End-of-file on the client's socket means "stop": queued targets are dropped. A pipe or a file
+  // is a script (a manual run), applied in full.
+  struct stat input_stat = {};
+  const bool drop_at_eof = fstat(o.input_fd, &input_stat) == 0 && S_ISSOCK(input_stat.st_mode);
   std::vector<char> pending;
   int exit_code = 0;
   const char* reason = "eof";
+  // Reads a waiting signal; true (with reason and exit code set) when there was one.
+  const auto take_signal = [&] {
+    signalfd_siginfo info = {};
+    if (read(sfd, &info, sizeof info) != static_cast<ssize_t>(sizeof info)) return false;
+    const bool parent_gone = o.parent_pid > 0 && getppid() != o.parent_pid;
+    reason = parent_gone ? "parent_death" : "signal";
+    exit_code = parent_gone ? 0 : 128 + static_cast<int>(info.ssi_signo);
+    return true;
+  };
+  // Between two applies (each an NVML call of 10-20 ms on real drivers): a signal or a hung-up
+  // client ends the loop at once, so the reset never waits behind a backlog of targets. A
+  // SOCK_SEQPACKET peer that closed or shut down shows POLLHUP even with records still queued.
+  const auto should_stop = [&](bool* eof) {
+    pollfd fds[2] = {{o.input_fd, 0, 0}, {sfd, POLLIN, 0}};
+    if (poll(fds, 2, 0) <= 0) return false;
+    if ((fds[1].revents & POLLIN) != 0 && take_signal()) return true;
+    if (drop_at_eof && (fds[0].revents & (POLLHUP | POLLERR)) != 0) {
+      *eof = true;
+      return true;
+    }
+    return false;
+  };
   for (;;) {
     pollfd fds[2] = {{o.input_fd, POLLIN, 0}, {sfd, POLLIN, 0}};
     if (poll(fds, 2, -1) < 0) {
@@ -222,15 +269,7 @@ int run_controller_daemon(const ControllerDaemonOptions& o) {
       exit_code = 1;
       break;
     }
-    if ((fds[1].revents & POLLIN) != 0) {
-      signalfd_siginfo info = {};
-      if (read(sfd, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
-        const bool parent_gone = o.parent_pid > 0 && getppid() != o.parent_pid;
-        reason = parent_gone ? "parent_death" : "signal";
-        exit_code = parent_gone ? 0 : 128 + static_cast<int>(info.ssi_signo);
-        break;
-      }
-    }
+    if ((fds[1].revents & POLLIN) != 0 && take_signal()) break;
     if ((fds[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
     // Drain what is waiting (bounded, so signals are still seen under a flood), then apply.
     bool eof = false;
@@ -253,9 +292,18 @@ int run_controller_daemon(const ControllerDaemonOptions& o) {
       targets.push_back(target);
     }
     pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(whole));
+    // The client is gone or stopping: what it queued no longer matters, only the reset does.
+    if (eof && drop_at_eof) break;
     if (o.coalesce && targets.size() > 1) targets.erase(targets.begin(), targets.end() - 1);
-    for (int t : targets) controller.apply(t);
-    if (eof) break;
+    bool stop = false;
+    for (std::size_t i = 0; i < targets.size(); ++i) {
+      if (i > 0 && should_stop(&eof)) {
+        stop = true;
+        break;
+      }
+      controller.apply(targets[i]);
+    }
+    if (stop || eof) break;
   }
   controller.finish(reason);
   close(sfd);

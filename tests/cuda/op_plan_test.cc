@@ -92,6 +92,38 @@ TEST(CudaOpPlan, MlpAndBackwardBuffers) {
   for (const auto& p : llama_tp8().partitions) EXPECT_EQ(infer_hidden(p.compute_ops), kHidden);
 }
 
+// fc2 forward is y[T,3072] = x[T,1024] W[1024,3072] (FFN 8192 / TP 8). Its dgrad
+// dx[T,1024] = dy[T,3072] W^T reads W as stored, [1024,3072]: B transposed, row length 3072.
+// Its wgrad dW[1024,3072] = x^T dy reads x as stored, [T,1024]: A transposed, row length 1024.
+TEST(CudaOpPlan, BackwardGemmsAreTransposed) {
+  const ExecutionPlan mlp = plan_partition(llama_tp8().partition("bwd_mlp"), "norm");
+  const OpStep* dgrad = nullptr;
+  const OpStep* wgrad = nullptr;
+  for (const auto& op : mlp.ops) {
+    if (op.name == "fc2_dgrad") dgrad = &op;
+    if (op.name == "fc2_wgrad") wgrad = &op;
+  }
+  ASSERT_NE(dgrad, nullptr);
+  ASSERT_NE(wgrad, nullptr);
+  EXPECT_EQ(dgrad->gemm, (GemmShape{kTokens, 1024, kHidden, false, true}));
+  EXPECT_EQ(dgrad->gemm.lda(), kHidden);  // dy [T,3072]
+  EXPECT_EQ(dgrad->gemm.ldb(), kHidden);  // W stored [1024,3072]
+  EXPECT_EQ(dgrad->gemm.ldc(), 1024);     // dx [T,1024]
+  EXPECT_EQ(wgrad->gemm, (GemmShape{1024, kHidden, kTokens, true, false}));
+  EXPECT_EQ(wgrad->gemm.lda(), 1024);     // x stored [T,1024]
+  EXPECT_EQ(wgrad->gemm.ldb(), kHidden);  // dy [T,3072]
+  EXPECT_EQ(wgrad->gemm.ldc(), kHidden);  // dW [1024,3072]
+  // The stored buffers keep their sizes: m x k and k x n elements whatever the transposes.
+  EXPECT_EQ(wgrad->input_bytes,
+            (std::vector<std::size_t>{1024 * kTokens * kBf16, kTokens * kHidden * kBf16}));
+  // Forward GEMMs stay NN.
+  const ExecutionPlan fwd = plan_partition(llama_tp8().partition("fwd_mlp"), "activation");
+  EXPECT_FALSE(fwd.ops[4].gemm.transa);
+  EXPECT_FALSE(fwd.ops[4].gemm.transb);
+  EXPECT_EQ(fwd.ops[4].gemm.lda(), 1024);
+  EXPECT_EQ(fwd.ops[4].gemm.ldb(), kHidden);
+}
+
 TEST(CudaOpPlan, ContextParallelAllGatherAndAttention) {
   const PartitionSet ps =
       partition_workload(load_workload(test::paper_workload("llama3.2-3b_cp2tp4_mbs8_seq4096")));
@@ -153,6 +185,27 @@ TEST(CudaCommCache, OneSetPerCtaCountWithLruEviction) {
     EXPECT_THROW(cache.get(0), InvalidInput);
   }
   EXPECT_EQ(destroyed.size(), 3u);  // the destructor destroys what is left
+}
+
+// Without clock control a window's clock is compared with the start-up clock in grid steps: the
+// nearest supported clock, the lower one on a tie.
+TEST(CudaClockGrid, SnapAndSteps) {
+  const GpuSpec& g = gpu_by_name("h100-sxm");
+  const std::vector<int> c = g.supported_freqs_mhz();
+  ASSERT_GT(c.size(), 10u);
+  const int step = c[6] - c[5];
+  ASSERT_GT(step, 1);
+  EXPECT_EQ(snap_to_clock_grid(g, c[5]), c[5]);
+  EXPECT_EQ(snap_to_clock_grid(g, c[5] + (step - 1) / 2), c[5]);
+  if (step % 2 == 0) {
+    EXPECT_EQ(snap_to_clock_grid(g, c[5] + step / 2), c[5]);  // tie: the lower clock
+  }
+  EXPECT_EQ(snap_to_clock_grid(g, c[6] - 1), c[6]);
+  EXPECT_EQ(snap_to_clock_grid(g, c.back() + 500), c.back());
+  EXPECT_EQ(clock_grid_steps(g, c[5], c[5] + 1), 0);
+  EXPECT_EQ(clock_grid_steps(g, c[5], c[7]), 2);
+  EXPECT_EQ(clock_grid_steps(g, c[8], c[5] + 1), 3);
+  EXPECT_EQ(clock_grid_steps(g, c[9], c[9] - 2 * step), 2);
 }
 
 TEST(CudaDeviceNames, MapToCatalogue) {

@@ -15,7 +15,12 @@
 //   KAREUS_FAKE_NVML_MAX_CLOCK_MHZ  max SM clock (default 1410)
 //   KAREUS_FAKE_NVML_REASONS        clock event reasons mask (strtoull base 0, default 0)
 //   KAREUS_FAKE_NVML_DENY=1         setters answer NVML_ERROR_NO_PERMISSION (4)
+//   KAREUS_FAKE_NVML_LOCK_DELAY_MS  nvmlDeviceSetGpuLockedClocks takes this long (a slow driver)
+//   KAREUS_FAKE_NVML_REJECT_MHZ     a lock whose max is this clock answers
+//                                   NVML_ERROR_FREQ_NOT_SUPPORTED (24) and changes nothing
 //   KAREUS_FAKE_NVML_FAIL           "fn=code,fn=code": force a return code for a function
+// Identity: device i has UUID "GPU-fake-0000-<i>" and PCI bus id "00000000:<80 - 16 i, hex>:00.0",
+// so bus order is the reverse of index order (as NVML's order need not match CUDA's).
 // Supported clocks: memory {405, 1215} MHz (in that order); graphics at 1215 MHz: max clock down
 // to 210 MHz in steps of 15 (descending, as NVML lists them); at 405 MHz: {405, 390}.
 // Built twice: the "old driver" variant (KAREUS_FAKE_NVML_OLD_DRIVER) lacks
@@ -24,6 +29,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -34,6 +40,7 @@ constexpr int kSuccess = 0;
 constexpr int kUninitialized = 1;
 constexpr int kInvalidArgument = 2;
 constexpr int kNoPermission = 4;
+constexpr int kNotFound = 6;
 constexpr int kInsufficientSize = 7;
 constexpr int kMaxDevices = 8;
 
@@ -54,6 +61,8 @@ struct Config {
   unsigned max_clock_mhz = 1410;
   unsigned long long reasons = 0;
   bool deny = false;
+  unsigned reject_mhz = 0;
+  unsigned lock_delay_ms = 0;
   char fail[512] = "";
 };
 
@@ -167,6 +176,8 @@ void read_config() {
   if (const char* v = env("KAREUS_FAKE_NVML_REASONS"))
     g_config.reasons = std::strtoull(v, nullptr, 0);
   if (const char* v = env("KAREUS_FAKE_NVML_DENY")) g_config.deny = std::strcmp(v, "1") == 0;
+  if (const char* v = env("KAREUS_FAKE_NVML_REJECT_MHZ")) g_config.reject_mhz = std::atoi(v);
+  if (const char* v = env("KAREUS_FAKE_NVML_LOCK_DELAY_MS")) g_config.lock_delay_ms = std::atoi(v);
   if (const char* v = env("KAREUS_FAKE_NVML_FAIL")) copy(g_config.fail, sizeof g_config.fail, v);
 }
 
@@ -247,6 +258,51 @@ int nvmlDeviceGetHandleByIndex_v2(unsigned index, void** device) {
   if (index >= static_cast<unsigned>(g_config.devices)) return finish(line, kInvalidArgument);
   *device = &g_devices[index];
   return finish(line, kSuccess);
+}
+
+// "domain:bus:device.function" or "bus:device.function", hex, any case (as NVML accepts).
+int nvmlDeviceGetHandleByPciBusId_v2(const char* bus_id, void** device) {
+  Line line = begin("nvmlDeviceGetHandleByPciBusId_v2");
+  line.put(" id=");
+  line.put(bus_id != nullptr ? bus_id : "(null)");
+  if (g_init_count <= 0) return finish(line, kUninitialized);
+  if (const int rc = forced("nvmlDeviceGetHandleByPciBusId_v2"); rc >= 0) return finish(line, rc);
+  if (bus_id == nullptr || device == nullptr) return finish(line, kInvalidArgument);
+  unsigned domain = 0, bus = 0, dev = 0, fn = 0;
+  char tail = 0;
+  if (std::sscanf(bus_id, "%x:%x:%x.%x%c", &domain, &bus, &dev, &fn, &tail) != 4) {
+    domain = 0;
+    if (std::sscanf(bus_id, "%x:%x.%x%c", &bus, &dev, &fn, &tail) != 3) {
+      return finish(line, kInvalidArgument);
+    }
+  }
+  for (int i = 0; i < g_config.devices; ++i) {
+    if (domain == 0 && bus == static_cast<unsigned>(0x80 - 0x10 * i) && dev == 0 && fn == 0) {
+      *device = &g_devices[i];
+      return finish(line, kSuccess);
+    }
+  }
+  return finish(line, kNotFound);
+}
+
+int nvmlDeviceGetHandleByUUID(const char* uuid, void** device) {
+  Line line = begin("nvmlDeviceGetHandleByUUID");
+  line.put(" id=");
+  line.put(uuid != nullptr ? uuid : "(null)");
+  if (g_init_count <= 0) return finish(line, kUninitialized);
+  if (const int rc = forced("nvmlDeviceGetHandleByUUID"); rc >= 0) return finish(line, rc);
+  if (uuid == nullptr || device == nullptr) return finish(line, kInvalidArgument);
+  constexpr char kPrefix[] = "GPU-fake-0000-";
+  if (std::strncmp(uuid, kPrefix, sizeof kPrefix - 1) == 0) {
+    const char* digits = uuid + sizeof kPrefix - 1;
+    char* end = nullptr;
+    const long i = std::strtol(digits, &end, 10);
+    if (end != digits && *end == '\0' && i >= 0 && i < g_config.devices) {
+      *device = &g_devices[i];
+      return finish(line, kSuccess);
+    }
+  }
+  return finish(line, kNotFound);
 }
 
 int nvmlDeviceGetName(void* device, char* name, unsigned length) {
@@ -408,6 +464,8 @@ int nvmlDeviceSetGpuLockedClocks(void* device, unsigned min_mhz, unsigned max_mh
   if (rc != 0) return finish(line, rc);
   if (g_config.deny) return finish(line, kNoPermission);
   if (min_mhz > max_mhz) return finish(line, kInvalidArgument);
+  if (g_config.lock_delay_ms != 0) usleep(g_config.lock_delay_ms * 1000);
+  if (g_config.reject_mhz != 0 && max_mhz == g_config.reject_mhz) return finish(line, 24);
   d->locked_mhz = max_mhz;
   return finish(line, kSuccess);
 }

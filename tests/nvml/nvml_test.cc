@@ -351,6 +351,46 @@ TEST(NvmlClockGuard, ClosingNvmlResetsRawLocksBeforeShutdown) {
   EXPECT_GT(env.find({"nvmlShutdown rc=0"}, reset), reset);
 }
 
+TEST(NvmlSelect, ByUuidAndPciBusIdFindTheDeviceWhateverTheIndexOrder) {
+  FakeNvmlEnv env;
+  env.set("KAREUS_FAKE_NVML_DEVICES", "3");
+  auto lib = open_fake();
+  // The fake numbers buses in reverse index order: bus 0x60 is index 2.
+  EXPECT_EQ(lib->device_by_pci_bus_id("00000000:60:00.0").index(), 2);
+  EXPECT_EQ(lib->device_by_pci_bus_id("0000:80:00.0").index(), 0);
+  EXPECT_EQ(lib->device_by_pci_bus_id("70:00.0").index(), 1);
+  EXPECT_EQ(lib->device_by_uuid("GPU-fake-0000-1").index(), 1);
+  EXPECT_EQ(lib->device_by_uuid(lib->device(2).uuid()).index(), 2);
+  EXPECT_EQ(&lib->device_by_uuid("GPU-fake-0000-0"), &lib->device(0)) << "one Device per GPU";
+  const std::string m = message_of([&] { lib->device_by_uuid("GPU-nope"); });
+  EXPECT_NE(m.find("GPU-nope"), std::string::npos) << m;
+  EXPECT_THROW(lib->device_by_uuid("GPU-nope"), InvalidInput);
+  EXPECT_THROW(lib->device_by_pci_bus_id("00000000:50:00.0"), InvalidInput);
+  EXPECT_THROW(lib->device_by_pci_bus_id("not a bus id"), InvalidInput);
+  EXPECT_THROW(lib->device_by_uuid(""), InvalidInput);
+}
+
+TEST(NvmlClockGuard, FailedRelockKeepsTheOldLockRegisteredForReset) {
+  FakeNvmlEnv env;
+  env.set("KAREUS_FAKE_NVML_REJECT_MHZ", "900");
+  {
+    auto lib = open_fake(nvml::Access::kClockControl);
+    auto& d = lib->device(0);
+    EXPECT_THROW(d.lock_sm_clock(900, 900), nvml::NvmlNotSupported);
+    EXPECT_FALSE(d.lock_registered()) << "a failed first lock holds nothing";
+    d.lock_sm_clock(1200, 1200);
+    EXPECT_THROW(d.lock_sm_clock(900, 900), nvml::NvmlNotSupported);
+    EXPECT_TRUE(d.lock_registered()) << "the 1200 MHz lock is still there";
+    EXPECT_EQ(d.sm_clock_mhz(), 1200);
+  }
+  // Closing NVML resets the surviving lock.
+  const int failed = env.find({"nvmlDeviceSetGpuLockedClocks gpu=0 min=900 max=900 rc=24"});
+  ASSERT_GE(failed, 0);
+  const int second =
+      env.find({"nvmlDeviceSetGpuLockedClocks gpu=0 min=900 max=900 rc=24"}, failed + 1);
+  EXPECT_GT(env.find({"nvmlDeviceResetGpuLockedClocks gpu=0 rc=0"}, second), second);
+}
+
 // --- resets in a separate process, as a training job would need them ---
 
 std::string pid_tag(pid_t pid) { return "pid=" + std::to_string(pid) + " "; }
@@ -362,7 +402,7 @@ void expect_helper_resets(const std::string& mode, int expected_exit) {
   ASSERT_GT(helper.pid(), 0);
   const auto line = helper.read_line();
   ASSERT_TRUE(line.has_value()) << mode;
-  EXPECT_EQ(*line, "locked " + std::to_string(helper.pid()));
+  EXPECT_EQ(line->rfind("locked " + std::to_string(helper.pid()) + " pdeathsig=0", 0), 0u) << *line;
   const auto status = helper.wait();
   ASSERT_TRUE(status.has_value()) << mode << ": helper did not exit";
   ASSERT_TRUE(WIFEXITED(*status)) << mode;
@@ -396,13 +436,57 @@ TEST(NvmlReset, OnSigtermSigintSighup) {
   }
 }
 
+// A host handler that does not end the process: the layer's handler reset the clock, so the
+// guard's "already locked at this clock" shortcut must not skip the next lock.
+TEST(NvmlReset, RelockAfterASignalResetReachesNvml) {
+  FakeNvmlEnv env;
+  Child helper({KAREUS_NVML_LOCK_HELPER, "relock-after-signal", "1230"});
+  ASSERT_TRUE(helper.read_line().has_value());
+  const auto second = helper.read_line();
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(*second, "relocked");
+  const auto status = helper.wait();
+  ASSERT_TRUE(status.has_value());
+  ASSERT_TRUE(WIFEXITED(*status));
+  EXPECT_EQ(WEXITSTATUS(*status), 0);
+  const std::string tag = pid_tag(helper.pid());
+  const std::string set = tag + "nvmlDeviceSetGpuLockedClocks gpu=0 min=1230 max=1230 rc=0";
+  const std::string reset = tag + "nvmlDeviceResetGpuLockedClocks gpu=0 rc=0";
+  const int first = env.find({set});
+  ASSERT_GE(first, 0);
+  const int signal_reset = env.find({reset}, first);
+  ASSERT_GT(signal_reset, first);
+  const int relock = env.find({set}, signal_reset);
+  ASSERT_GT(relock, signal_reset) << "the second lock was skipped";
+  EXPECT_GT(env.find({reset}, relock), relock) << "the guard resets the new lock on return";
+}
+
+// A library must not change how its host dies: without the opt-in, locking a clock leaves the
+// process's parent-death signal alone.
+TEST(NvmlReset, ParentDeathSignalIsOptIn) {
+  for (const char* mode : {"sleep", "sleep-pdeath"}) {
+    FakeNvmlEnv env;
+    Child helper({KAREUS_NVML_LOCK_HELPER, mode, "1200"});
+    const auto line = helper.read_line();
+    ASSERT_TRUE(line.has_value()) << mode;
+    const bool opted_in = std::string(mode) == "sleep-pdeath";
+    EXPECT_NE(line->find(opted_in ? "pdeathsig=15" : "pdeathsig=0"), std::string::npos)
+        << mode << ": " << *line;
+    kill(helper.pid(), SIGTERM);
+    const auto status = helper.wait();
+    ASSERT_TRUE(status.has_value()) << mode;
+    EXPECT_TRUE(WIFSIGNALED(*status)) << mode;
+  }
+}
+
 TEST(NvmlReset, OnParentDeath) {
   FakeNvmlEnv env;
   test::SubreaperScope reaper;  // the orphaned helper becomes our child, so we can wait for it
   ASSERT_TRUE(reaper.ok());
   int out[2];
   ASSERT_EQ(pipe(out), 0);
-  std::string helper_path = KAREUS_NVML_LOCK_HELPER, mode = "sleep", freq = "1080";
+  // The parent-death reset is opt-in (Options::reset_on_parent_death), as kareus-freqd does.
+  std::string helper_path = KAREUS_NVML_LOCK_HELPER, mode = "sleep-pdeath", freq = "1080";
   char* argv[] = {helper_path.data(), mode.data(), freq.data(), nullptr};
   const pid_t middle = fork();
   ASSERT_GE(middle, 0);
@@ -433,6 +517,7 @@ TEST(NvmlReset, OnParentDeath) {
   })) << "the helper never reported its lock";
   close(out[0]);
   ASSERT_EQ(text.rfind("locked ", 0), 0u) << text;
+  EXPECT_NE(text.find("pdeathsig=15"), std::string::npos) << text;
   const pid_t helper = static_cast<pid_t>(std::stol(text.substr(7)));
   kill(middle, SIGKILL);
   test::wait_child(middle);

@@ -2,10 +2,12 @@
 // trip, validation of every field class through the CLI, the rank mapping, predicted start/end
 // times, the emulator's switch stalls against a hand-derived critical path, and the
 // minimum-clock-hold post-processing.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <set>
 #include <tuple>
 
@@ -190,6 +192,12 @@ TEST(PlanV2, ValidationNamesTheField) {
 
   const auto& ins = good["stages"][1]["instructions"];
   const std::string key = ins[3]["partitions"].begin().key();
+  const bool ins0_2_switch = good["stages"][0]["instructions"][2]["clock_switch"].get<bool>();
+  // Stage 1's clock changes recomputed here from its freq_mhz sequence.
+  int changes1 = 0;
+  for (std::size_t i = 1; i < ins.size(); ++i) {
+    changes1 += ins[i]["freq_mhz"].get<int>() != ins[i - 1]["freq_mhz"].get<int>();
+  }
   struct Case {
     std::string name;
     std::function<void(nlohmann::json&)> edit;
@@ -231,6 +239,71 @@ TEST(PlanV2, ValidationNamesTheField) {
        "order tp-cp-dp-pp", ""},
       {"type", [](nlohmann::json& j) { j["stages"][0]["instructions"][0]["freq_mhz"] = "fast"; },
        "stages[0].instructions[0].freq_mhz", "expected an integer", ""},
+      // Times, energies and powers (a JSON file cannot hold NaN or inf: the parser refuses an
+      // overflowing literal, so the non-finite cases are checked in-process below).
+      {"hold", [](nlohmann::json& j) { j["min_clock_hold_s"] = -0.001; }, "min_clock_hold_s",
+       "-0.001: must be finite and >= 0", ""},
+      {"iter", [](nlohmann::json& j) { j["iteration_time_s"] = 0.0; }, "iteration_time_s",
+       "0: must be finite and > 0", ""},
+      {"energy", [](nlohmann::json& j) { j["energy_j"] = -5.0; }, "energy_j",
+       "-5: must be finite and > 0", ""},
+      {"static", [](nlohmann::json& j) { j["static_power_w"] = -85.0; }, "static_power_w",
+       "must be finite and >= 0", ""},
+      {"start", [](nlohmann::json& j) { j["stages"][0]["instructions"][0]["start_s"] = -0.5; },
+       "stages[0].instructions[0].start_s", "-0.5: must be finite and >= 0", ""},
+      {"time", [](nlohmann::json& j) { j["stages"][1]["instructions"][2]["time_s"] = -0.1; },
+       "stages[1].instructions[2].time_s", "must be finite and >= 0", ""},
+      {"dynamic",
+       [](nlohmann::json& j) { j["stages"][1]["instructions"][2]["dynamic_energy_j"] = -1.0; },
+       "stages[1].instructions[2].dynamic_energy_j", "must be finite and >= 0", ""},
+      {"backwards",
+       [](nlohmann::json& j) {
+         auto& in = j["stages"][1]["instructions"][4];
+         in["end_s"] = in["start_s"].get<double>() / 2;
+       },
+       "stages[1].instructions[4].end_s", "must be >= start_s", ""},
+      {"starts",
+       [](nlohmann::json& j) {
+         auto& ins = j["stages"][1]["instructions"];
+         ins[5]["start_s"] = ins[4]["start_s"].get<double>() / 2;
+       },
+       "stages[1].instructions[5].start_s", "must be >= the previous instruction's start_s", ""},
+      {"late",
+       [](nlohmann::json& j) {
+         j["stages"][0]["end_s"] = j["iteration_time_s"].get<double>() * 1.01;
+       },
+       "stages[0].end_s", "must be <= iteration_time_s", ""},
+      {"overrun",
+       [](nlohmann::json& j) {
+         auto& st = j["stages"][0];
+         st["instructions"][3]["end_s"] = st["end_s"].get<double>() + 0.5;
+       },
+       "stages[0].instructions[3].end_s", "must be <= the stage's end_s", ""},
+      // Derived fields must equal what the freq_mhz sequence gives.
+      {"flag",
+       [](nlohmann::json& j) {
+         auto& f = j["stages"][0]["instructions"][2]["clock_switch"];
+         f = !f.get<bool>();
+       },
+       "stages[0].instructions[2].clock_switch",
+       std::string("expected ") + (ins0_2_switch ? "true" : "false"), ""},
+      {"retune",
+       [](nlohmann::json& j) {
+         auto& in = j["stages"][0]["instructions"];
+         in[5]["freq_mhz"] = in[4]["freq_mhz"].get<int>() == 1200 ? 1215 : 1200;
+         in[6]["freq_mhz"] = in[4]["freq_mhz"];
+       },
+       "stages[0].instructions[5].clock_switch", "differs from the previous instruction's", ""},
+      {"first", [](nlohmann::json& j) { j["stages"][1]["instructions"][0]["clock_switch"] = true; },
+       "stages[1].instructions[0].clock_switch",
+       "the stage's first instruction never switches: expected false", ""},
+      {"changes",
+       [](nlohmann::json& j) {
+         auto& c = j["stages"][1]["clock_changes"];
+         c = c.get<int>() + 1;
+       },
+       "stages[1].clock_changes", fmt::format("changes {} times: expected {}", changes1, changes1),
+       ""},
   };
   for (const auto& c : cases) {
     nlohmann::json j = good;
@@ -245,6 +318,33 @@ TEST(PlanV2, ValidationNamesTheField) {
       EXPECT_NE(r.err.find("field '" + c.field + "'"), std::string::npos)
           << c.name << ": " << r.err;
       EXPECT_NE(r.err.find(c.allowed), std::string::npos) << c.name << ": " << r.err;
+    }
+  }
+  // Non-finite values reach Plan::from_json only from a JSON built in memory (a caller of the
+  // library, not a file); they are refused the same way.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<std::pair<std::string, std::function<void(nlohmann::json&)>>> non_finite = {
+      {"clock_switch_s", [&](nlohmann::json& j) { j["clock_switch_s"] = nan; }},
+      {"min_clock_hold_s", [&](nlohmann::json& j) { j["min_clock_hold_s"] = inf; }},
+      {"iteration_time_s", [&](nlohmann::json& j) { j["iteration_time_s"] = inf; }},
+      {"energy_j", [&](nlohmann::json& j) { j["energy_j"] = nan; }},
+      {"stages[0].end_s", [&](nlohmann::json& j) { j["stages"][0]["end_s"] = nan; }},
+      {"stages[1].instructions[6].end_s",
+       [&](nlohmann::json& j) { j["stages"][1]["instructions"][6]["end_s"] = inf; }},
+      {"stages[0].instructions[1].dynamic_energy_j",
+       [&](nlohmann::json& j) { j["stages"][0]["instructions"][1]["dynamic_energy_j"] = nan; }},
+  };
+  for (const auto& [field, edit] : non_finite) {
+    nlohmann::json j = good;
+    edit(j);
+    try {
+      Plan::from_json(j, "inmemory.json");
+      ADD_FAILURE() << field << ": a non-finite value was accepted";
+    } catch (const InvalidInput& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("inmemory.json: field '" + field + "': "), std::string::npos) << what;
+      EXPECT_NE(what.find("must be finite and"), std::string::npos) << what;
     }
   }
   // Without a workload, `plan show` checks the structure only: the v1 file still fails.

@@ -112,20 +112,106 @@ TEST(Protocol, ScriptedDriftAndThrottleAreRepeated) {
   FakeTarget t;
   // Window 1 drifts 31 MHz (allowed 30), window 2 throttles, window 3 drifts exactly 30: stable.
   t.clocks = {1410, 1379, 1410, 1410, 1380, 1410};
-  t.masks = {0, kThrottleSwPowerCap, 0};
+  t.masks = {0, kThrottleHwPowerBrake, 0};
   ProtocolOptions o;
   o.max_attempts = 5;
   const auto r = run_protocol(t, o, 1410);
   EXPECT_TRUE(r.stable);
   EXPECT_EQ(r.attempts, 3);
   EXPECT_EQ(r.clock_mhz, 1380);
-  EXPECT_NE(r.note.find("attempt 1: clock 1410..1379 MHz drifted 31 MHz"), std::string::npos)
+  EXPECT_NE(r.note.find("attempt 1: clock 1379..1410 MHz drifted 31 MHz"), std::string::npos)
       << r.note;
-  EXPECT_NE(r.note.find("attempt 2: throttled (sw_power_cap)"), std::string::npos) << r.note;
+  EXPECT_NE(r.note.find("attempt 2: throttled (hw_power_brake_slowdown)"), std::string::npos)
+      << r.note;
   // Each attempt warms up, calibrates, measures and cools down.
   int idles = 0;
   for (const auto& c : t.calls) idles += c.rfind("idle", 0) == 0;
   EXPECT_EQ(idles, 3);
+}
+
+// Software power capping is the steady state of GEMM-heavy work at top clock: recorded, not
+// repeated. Repeating reasons mixed with it are repeated and named without it.
+TEST(Protocol, SwPowerCapIsRecordedNotRepeated) {
+  FakeTarget t;
+  t.masks = {kThrottleSwPowerCap};
+  const auto r = run_protocol(t, {}, 1410);
+  EXPECT_TRUE(r.stable) << r.note;
+  EXPECT_EQ(r.attempts, 1);
+  EXPECT_EQ(r.throttle_mask, kThrottleSwPowerCap);
+  EXPECT_TRUE(r.note.empty()) << r.note;
+
+  FakeTarget u;
+  u.masks = {kThrottleSwPowerCap | kThrottleSwThermalSlowdown, kThrottleSwPowerCap};
+  const auto q = run_protocol(u, {}, 1410);
+  EXPECT_TRUE(q.stable) << q.note;
+  EXPECT_EQ(q.attempts, 2);
+  EXPECT_EQ(q.throttle_mask, kThrottleSwPowerCap);
+  EXPECT_NE(q.note.find("attempt 1: throttled (sw_thermal_slowdown)"), std::string::npos) << q.note;
+  EXPECT_EQ(kRepeatThrottleMask, kThrottleHwSlowdown | kThrottleSwThermalSlowdown |
+                                     kThrottleHwThermalSlowdown | kThrottleHwPowerBrake);
+}
+
+// A real GPU: reads before the window is queued and after it has synchronised see an idle card
+// at its requested clock with no reason raised; only samples taken while the window runs show
+// the throttling. Window 1 throttles and drops to 1305 MHz mid-window, window 2 is clean.
+class WindowSampledTarget : public FakeTarget {
+ public:
+  std::deque<WindowObservation> windows;  // one per run_window call; empty: clean at 1410
+  int window_calls = 0;
+  WindowObservation run_window(int iterations) override {
+    ++window_calls;
+    WindowObservation w;
+    if (!windows.empty()) {
+      w = windows.front();
+      windows.pop_front();
+    } else {
+      w.samples = 100;
+      w.first_clock_mhz = w.min_clock_mhz = w.max_clock_mhz = 1410;
+    }
+    w.elapsed_s = run(iterations);
+    return w;
+  }
+};
+
+TEST(Protocol, ThrottlingVisibleOnlyDuringTheWindowIsRepeated) {
+  WindowSampledTarget t;  // the idle reads around every window: 1410 MHz, mask 0
+  WindowObservation bad;
+  bad.samples = 100;
+  bad.first_clock_mhz = 1410;
+  bad.min_clock_mhz = 1305;
+  bad.max_clock_mhz = 1410;
+  bad.throttle_mask = kThrottleHwSlowdown;
+  t.windows = {bad};
+  const auto r = run_protocol(t, {}, 1410);
+  EXPECT_TRUE(r.stable) << r.note;
+  EXPECT_EQ(r.attempts, 2);
+  EXPECT_EQ(t.window_calls, 2);
+  EXPECT_EQ(r.clock_mhz, 1410);
+  EXPECT_EQ(r.throttle_mask, 0u);
+  EXPECT_NE(r.note.find("attempt 1: clock 1305..1410 MHz drifted 105 MHz from 1410 MHz"),
+            std::string::npos)
+      << r.note;
+  EXPECT_NE(r.note.find("throttled (hw_slowdown)"), std::string::npos) << r.note;
+
+  // The clock alone, sampled mid-window, repeats it too; with no expected clock the reference is
+  // the first sample, not the idle read before the window.
+  WindowSampledTarget c;
+  c.clocks = {1980, 1980, 1980, 1980};  // idle reads: the card's boost clock
+  WindowObservation slow;
+  slow.samples = 40;
+  slow.first_clock_mhz = 1755;
+  slow.min_clock_mhz = 1700;
+  slow.max_clock_mhz = 1755;
+  WindowObservation steady = slow;
+  steady.min_clock_mhz = 1740;
+  c.windows = {slow, steady};
+  const auto q = run_protocol(c, {}, 0);
+  EXPECT_TRUE(q.stable) << q.note;
+  EXPECT_EQ(q.attempts, 2);
+  EXPECT_EQ(q.clock_mhz, 1740);
+  EXPECT_EQ(q.clock_max_mhz, 1755);
+  EXPECT_NE(q.note.find("clock 1700..1755 MHz drifted 55 MHz from 1755 MHz"), std::string::npos)
+      << q.note;
 }
 
 TEST(Protocol, ScriptedAlwaysThrottledEndsUnstable) {

@@ -127,6 +127,9 @@ class HooksTest(unittest.TestCase):
             for ins in plan.instructions(1):
                 hooks.on_instruction_begin(ins.kind, ins.microbatch)
                 hooks.on_instruction_end(ins.kind, ins.microbatch)
+            # Stopping drops targets still queued: wait until all were applied.
+            want = len(plan.clock_sequence(1))
+            self.assertTrue(wait_until(lambda: count_locks(log) >= want))
         self.assertFalse(ctl.running)
         with self.assertRaises(kareus.StateError):
             ctl.set_clock(1200)
@@ -154,6 +157,99 @@ class HooksTest(unittest.TestCase):
         self.assertIn("/no/such/kareus-freqd", str(cm.exception))
 
 
+    def test_exit_during_an_exception_keeps_the_exception(self):
+        import signal
+        import warnings
+
+        import kareus
+
+        log = os.path.join(ARGS.workdir, "exit.jsonl")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with self.assertRaises(ValueError):
+                with kareus.Controller(dry_run=True, log_path=log) as ctl:
+                    os.kill(ctl.pid, signal.SIGKILL)  # stop() will then fail
+                    raise ValueError("the training step failed")
+        self.assertTrue(any(issubclass(w.category, RuntimeWarning) and "did not exit cleanly"
+                            in str(w.message) for w in caught), [str(w.message) for w in caught])
+        # Without an exception in flight, the stop failure is raised.
+        with self.assertRaises(kareus.InternalError):
+            with kareus.Controller(dry_run=True, log_path=log) as ctl:
+                os.kill(ctl.pid, signal.SIGKILL)
+
+    def test_dead_controller_does_not_stop_training(self):
+        import signal
+
+        import kareus
+
+        plan = kareus.Plan(PLAN, ARGS.workload)
+        ctl = kareus.Controller(dry_run=True, log_path=os.path.join(ARGS.workdir, "dead.jsonl"))
+        hooks = kareus.Hooks(plan, 2, ctl)
+        os.kill(ctl.pid, signal.SIGKILL)
+        self.assertTrue(wait_until(lambda: not process_alive(ctl.pid)))
+        for _ in range(2):
+            for ins in plan.instructions(1):
+                hooks.on_instruction_begin(ins.kind, ins.microbatch)  # no exception
+                hooks.on_instruction_end(ins.kind, ins.microbatch)
+
+    def test_gpu_uuid_and_pci_bus_id_select_the_gpu(self):
+        import kareus
+
+        if not ARGS.fake_nvml:
+            self.skipTest("no --fake-nvml")
+        env = {"KAREUS_FAKE_NVML_DEVICES": "3"}
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            for kwargs, gpu in (({"gpu_uuid": "GPU-fake-0000-2"}, 2),
+                                ({"pci_bus_id": "00000000:70:00.0"}, 1)):
+                log = os.path.join(ARGS.workdir, f"select{gpu}.jsonl")
+                if os.path.exists(log):
+                    os.remove(log)
+                with kareus.Controller(dry_run=True, log_path=log, nvml_library=ARGS.fake_nvml,
+                                       **kwargs) as ctl:
+                    ctl.set_clock(1200)
+                    self.assertTrue(wait_until(lambda: count_locks(log) >= 1))
+                with open(log) as f:
+                    self.assertEqual({json.loads(line)["gpu"] for line in f}, {gpu}, kwargs)
+            with self.assertRaises(kareus.InvalidInputError) as cm:
+                kareus.Controller(dry_run=True, log_path=os.path.join(ARGS.workdir, "x.jsonl"),
+                                  nvml_library=ARGS.fake_nvml, gpu_uuid="GPU-typo")
+            self.assertIn("GPU-typo", str(cm.exception))
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def wait_until(pred, timeout_s=15.0):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.005)
+    return pred()
+
+
+def count_locks(log):
+    if not os.path.exists(log):
+        return 0
+    with open(log) as f:
+        return sum(json.loads(line)["event"] == "lock" for line in f if line.strip())
+
+
+def process_alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 class DocTest(unittest.TestCase):
     def test_public_objects_are_documented(self):
         import kareus
@@ -174,6 +270,7 @@ def main():
     ap.add_argument("--kareus", required=True)
     ap.add_argument("--workload", required=True)
     ap.add_argument("--workdir", required=True)
+    ap.add_argument("--fake-nvml", default="", help="the fake libnvidia-ml.so.1 (tests/fakes)")
     ARGS, rest = ap.parse_known_args()
     ARGS.workload = os.path.abspath(ARGS.workload)
     ARGS.workdir = os.path.abspath(ARGS.workdir)

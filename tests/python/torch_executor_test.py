@@ -177,6 +177,17 @@ def main() -> None:
         rank_main(args.rank, workdir)
         return
     t0 = time.monotonic()
+    # local_gpu_pci_bus_id asks the CUDA driver; without one it must say so, not crash.
+    from kareus import torch as kt
+
+    try:
+        kt.local_gpu_pci_bus_id(0, driver_library="/no/such/libcuda.so.1")
+        print("FAIL: local_gpu_pci_bus_id without a driver returned")
+        sys.exit(1)
+    except RuntimeError as e:
+        if "/no/such/libcuda.so.1" not in str(e):
+            print(f"FAIL: local_gpu_pci_bus_id error does not name the library: {e}")
+            sys.exit(1)
     os.makedirs(workdir, exist_ok=True)
     for f in os.listdir(workdir):
         os.remove(os.path.join(workdir, f))

@@ -5,12 +5,14 @@
 #include "kareus/c_api.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "fakes/fake_nvml_util.h"
 #include "test_util.h"
 
 namespace kareus {
@@ -248,6 +250,13 @@ TEST_F(CApi, AttachedControllerReceivesTheStagesClocks) {
     ASSERT_EQ(kareus_instruction_begin(p, kind, mb), KAREUS_OK) << kareus_last_error();
     ASSERT_EQ(kareus_instruction_end(p, kind, mb), KAREUS_OK);
   }
+  // Stopping drops targets still queued, so wait until the controller has applied them all.
+  ASSERT_TRUE(test::wait_until([&] {
+    std::size_t n = 0;
+    std::istringstream in(test::read_file(log));
+    for (std::string line; std::getline(in, line);) n += line.find(R"("lock")") != line.npos;
+    return n == want.size();
+  }));
   ASSERT_EQ(kareus_controller_stop(c), KAREUS_OK) << kareus_last_error();
   EXPECT_EQ(kareus_controller_stop(c), KAREUS_OK) << "idempotent";
   EXPECT_EQ(kareus_controller_set_clock(c, 1200), KAREUS_ERR_STATE);
@@ -275,6 +284,96 @@ TEST_F(CApi, AttachedControllerReceivesTheStagesClocks) {
   EXPECT_EQ(kareus_controller_start(0, 1, nullptr, &bad), KAREUS_ERR_ARGUMENT);
   EXPECT_NE(std::string(kareus_last_error()).find("log_path"), std::string::npos);
   EXPECT_EQ(bad, nullptr);
+}
+
+// A zombie counts as dead: the controller is our child and nobody reaped it yet.
+bool dead(int pid) {
+  const std::string stat = test::read_file("/proc/" + std::to_string(pid) + "/stat");
+  const auto close_paren = stat.rfind(')');
+  return stat.empty() || (close_paren != std::string::npos && close_paren + 2 < stat.size() &&
+                          stat[close_paren + 2] == 'Z');
+}
+
+kareus_controller* start_dry_run(const std::string& log) {
+  kareus_controller_options o{};
+  o.dry_run = 1;
+  o.log_path = log.c_str();
+  o.executable = KAREUS_FREQD;
+  kareus_controller* c = nullptr;
+  EXPECT_EQ(kareus_controller_start_ex(&o, &c), KAREUS_OK) << kareus_last_error();
+  return c;
+}
+
+TEST_F(CApi, DeadControllerIsDetachedWithOneWarningAndTrainingGoesOn) {
+  test::TempDir dir;
+  kareus_controller* c = start_dry_run(dir.file("freqd.jsonl"));
+  ASSERT_NE(c, nullptr);
+  int pid = 0;
+  ASSERT_EQ(kareus_controller_pid(c, &pid), KAREUS_OK);
+  kareus_plan* p = open(3);
+  ASSERT_EQ(kareus_plan_attach_controller(p, c), KAREUS_OK);
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  ASSERT_TRUE(test::wait_until([&] { return dead(pid); }));
+  int count = 0;
+  ASSERT_EQ(kareus_plan_instruction_count(p, &count), KAREUS_OK);
+  testing::internal::CaptureStderr();
+  int failures = 0;
+  for (int round = 0; round < 2; ++round) {  // two iterations: the warning comes only once
+    for (int i = 0; i < count; ++i) {
+      kareus_instruction_info info{};
+      ASSERT_EQ(kareus_plan_instruction(p, i, &info), KAREUS_OK);
+      failures += kareus_instruction_begin(p, info.kind, info.microbatch) != KAREUS_OK;
+      failures += kareus_instruction_end(p, info.kind, info.microbatch) != KAREUS_OK;
+    }
+  }
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(failures, 0) << kareus_last_error();
+  std::size_t warnings = 0;
+  for (auto at = err.find("warning"); at != std::string::npos; at = err.find("warning", at + 1)) {
+    ++warnings;
+  }
+  EXPECT_EQ(warnings, 1u) << err;
+  EXPECT_NE(err.find("is gone"), std::string::npos) << err;
+  EXPECT_NE(err.find(std::to_string(pid)), std::string::npos) << "names the controller: " << err;
+  EXPECT_EQ(kareus_controller_stop(c), KAREUS_ERR_INTERNAL) << "it did not exit cleanly";
+  kareus_controller_free(c);
+  kareus_plan_close(p);
+}
+
+TEST_F(CApi, FreeingAnAttachedControllerDetachesItsPlans) {
+  test::TempDir dir;
+  const std::string log = dir.file("freqd.jsonl");
+  kareus_controller* c = start_dry_run(log);
+  ASSERT_NE(c, nullptr);
+  kareus_plan* a = open(3);
+  kareus_plan* b = open(2);
+  kareus_plan* closed_first = open(1);
+  ASSERT_EQ(kareus_plan_attach_controller(a, c), KAREUS_OK);
+  ASSERT_EQ(kareus_plan_attach_controller(b, c), KAREUS_OK);
+  ASSERT_EQ(kareus_plan_attach_controller(closed_first, c), KAREUS_OK);
+  kareus_plan_close(closed_first);  // leaves no stale entry behind in the controller
+  kareus_controller_free(c);
+  // Without the detach these would read the freed controller; now they run without one.
+  for (kareus_plan* p : {a, b}) {
+    kareus_instruction_info info{};
+    ASSERT_EQ(kareus_plan_instruction(p, 0, &info), KAREUS_OK);
+    EXPECT_EQ(kareus_instruction_begin(p, info.kind, info.microbatch), KAREUS_OK)
+        << kareus_last_error();
+    EXPECT_EQ(kareus_instruction_end(p, info.kind, info.microbatch), KAREUS_OK);
+  }
+  // Re-attaching moves a plan between controllers.
+  kareus_controller* c1 = start_dry_run(dir.file("one.jsonl"));
+  kareus_controller* c2 = start_dry_run(dir.file("two.jsonl"));
+  ASSERT_EQ(kareus_plan_attach_controller(a, c1), KAREUS_OK);
+  ASSERT_EQ(kareus_plan_attach_controller(a, c2), KAREUS_OK);
+  kareus_controller_free(c1);
+  kareus_instruction_info info{};
+  ASSERT_EQ(kareus_plan_instruction(a, 1, &info), KAREUS_OK);
+  EXPECT_EQ(kareus_instruction_begin(a, info.kind, info.microbatch), KAREUS_OK)
+      << kareus_last_error();
+  kareus_controller_free(c2);
+  kareus_plan_close(a);
+  kareus_plan_close(b);
 }
 
 }  // namespace

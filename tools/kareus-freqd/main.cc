@@ -16,7 +16,16 @@ int main(int argc, char** argv) {
       "(native int32 MHz records, 0 = reset) and resets it on exit, on SIGTERM/SIGINT/SIGHUP "
       "and when the parent dies."};
   kareus::runtime::ControllerDaemonOptions o;
-  app.add_option("--gpu", o.gpu_index, "NVML device index")->check(CLI::NonNegativeNumber);
+  app.add_option("--gpu", o.gpu_index,
+                 "NVML device index (NVML's own order: neither CUDA's nor filtered by "
+                 "CUDA_VISIBLE_DEVICES; prefer --gpu-uuid or --pci-bus-id)")
+      ->check(CLI::NonNegativeNumber);
+  auto* uuid = app.add_option("--gpu-uuid", o.gpu_uuid,
+                              "select the GPU by UUID (GPU-..., as `nvidia-smi -L` prints it)");
+  app.add_option("--pci-bus-id", o.pci_bus_id,
+                 "select the GPU by PCI bus id (e.g. 00000000:3B:00.0, as "
+                 "`nvidia-smi --query-gpu=pci.bus_id --format=csv` prints it)")
+      ->excludes(uuid);
   app.add_flag("--dry-run", o.dry_run, "log transitions to --log instead of touching NVML");
   app.add_option("--log", o.log_path, "JSON-lines transition log (appended)");
   app.add_option("--nvml-library", o.nvml_library,
@@ -24,6 +33,10 @@ int main(int argc, char** argv) {
   app.add_flag("--coalesce", o.coalesce, "apply only the newest of the waiting targets");
   app.add_option("--ready-fd", o.ready_fd, "descriptor that gets 'R' once running");
   app.add_option("--parent-pid", o.parent_pid, "pid of the client; exit at once if it is gone");
+  app.footer(
+      "Runs in its own process group when started by FrequencyController, so a terminal's "
+      "Ctrl-C does not reach it; it ends on end-of-file on stdin (dropping queued targets), "
+      "SIGTERM/SIGINT/SIGHUP or its parent's death, and resets the clock first.");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
