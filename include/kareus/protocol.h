@@ -1,9 +1,9 @@
 // The thermally stable measurement protocol, shared by every backend that measures something
-// real (brief: Kareus artifact's profiler). One point is measured as: warm-up iterations; a
-// calibration run that sizes the iteration count to fill a window of `window_s`; the window,
-// timed by the device (CUDA events on GPUs) with energy taken as the difference of the energy
-// counter across the window; a cool-down of `cooldown_s`. Temperature is read before and after.
-// A window whose clock drifted from the expected clock, or during which a transient throttle
+// real (the Kareus artifact's profiler, github ml-energy/kareus). One point is measured as: warm-up
+// iterations; a calibration run that sizes the iteration count to fill a window of `window_s`; the
+// window, timed by the device (CUDA events on GPUs) with energy taken as the difference of the
+// energy counter across the window; a cool-down of `cooldown_s`. Temperature is read before and
+// after. A window whose clock drifted from the expected clock, or during which a transient throttle
 // reason was raised, is repeated (up to `max_attempts`); the result says whether it ended stable.
 //
 // Clocks and throttle reasons are observed DURING the window where the target can

@@ -1,5 +1,5 @@
 // The runtime side of Kareus inside a training job: a frequency controller per GPU that applies
-// a plan's clocks (brief section 7; Perseus's design). The controller is its own process
+// a plan's clocks (Perseus's design, SOSP '24). The controller is its own process
 // (`kareus-freqd`), started by the training process with an argument vector (never a shell); the
 // training process only posts target clocks on a socket (non-blocking), so a clock change never
 // blocks a training step. The controller applies a target only when it differs from the current
