@@ -66,6 +66,17 @@ void check(int code, const std::string& what, const std::string& detail = "");
 
 enum class Access { kReadOnly, kClockControl };
 
+/// The nvmlClocksEventReasons bits that bias a measurement; every other module names them from
+/// here (the thermal model raises them, the protocol decides which repeat a window).
+inline constexpr std::uint64_t kReasonSwPowerCap = 0x4;
+inline constexpr std::uint64_t kReasonHwSlowdown = 0x8;
+inline constexpr std::uint64_t kReasonSwThermalSlowdown = 0x20;
+inline constexpr std::uint64_t kReasonHwThermalSlowdown = 0x40;
+inline constexpr std::uint64_t kReasonHwPowerBrake = 0x80;
+inline constexpr std::uint64_t kBiasingReasons = kReasonSwPowerCap | kReasonHwSlowdown |
+                                                 kReasonSwThermalSlowdown |
+                                                 kReasonHwThermalSlowdown | kReasonHwPowerBrake;
+
 /// Reasons the clock is below the requested one (nvmlClocksEventReasons bits). `throttled()` is
 /// true for the reasons that bias a measurement: power cap, thermal slowdown (hardware or
 /// software), hardware slowdown, power brake. Idle and application-clock settings are not.

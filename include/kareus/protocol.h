@@ -24,12 +24,15 @@
 #include <cstdint>
 #include <string>
 
+#include "kareus/nvml.h"
+
 namespace kareus {
 
 /// Throttle reasons that repeat a window (nvmlClocksEventReasons bits): hw_slowdown (0x8),
 /// sw_thermal_slowdown (0x20), hw_thermal_slowdown (0x40), hw_power_brake (0x80). Not
 /// sw_power_cap (0x4), see above.
-inline constexpr std::uint64_t kRepeatThrottleMask = 0x8 | 0x20 | 0x40 | 0x80;
+inline constexpr std::uint64_t kRepeatThrottleMask =
+    nvml::kBiasingReasons & ~nvml::kReasonSwPowerCap;
 
 /// What a target saw during one window (MeasurementTarget::run_window).
 struct WindowObservation {

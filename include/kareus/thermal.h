@@ -20,16 +20,6 @@
 
 namespace kareus {
 
-/// NVML clock-event reason bits (nvmlClocksEventReason*) the thermal model can raise.
-inline constexpr std::uint64_t kThrottleSwPowerCap = 0x4;
-inline constexpr std::uint64_t kThrottleHwSlowdown = 0x8;
-inline constexpr std::uint64_t kThrottleSwThermalSlowdown = 0x20;
-inline constexpr std::uint64_t kThrottleHwThermalSlowdown = 0x40;
-inline constexpr std::uint64_t kThrottleHwPowerBrake = 0x80;
-
-/// Names of the set bits, e.g. "sw_thermal_slowdown"; "none" for 0.
-std::string describe_throttle_reasons(std::uint64_t mask);
-
 struct ThermalParams {
   double ambient_c = 30;            ///< inlet air (deg C)
   double resistance_c_per_w = 0.1;  ///< R_th: steady-state rise per watt (deg C / W)

@@ -35,7 +35,7 @@ void sleep_s(double seconds) {
 constexpr int kSamplePeriodMs = 50;  // NVML's clock and reason reads take well under 1 ms
 // sw_power_cap (0x4, recorded) and the reasons that repeat a window; not idle or application
 // clock settings, which say nothing about the measurement.
-constexpr std::uint64_t kRecordedReasons = 0x4 | kRepeatThrottleMask;
+constexpr std::uint64_t kRecordedReasons = nvml::kBiasingReasons;
 
 class GroupTarget : public MeasurementTarget {
  public:

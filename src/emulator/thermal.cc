@@ -21,10 +21,6 @@
 
 namespace kareus {
 
-std::string describe_throttle_reasons(std::uint64_t mask) {
-  return nvml::ClockEventReasons{mask}.describe();  // NVML's one table of reason names
-}
-
 void ThermalParams::validate(double static_power_w) const {
   auto bad = [](const std::string& field, const std::string& allowed, double v) {
     throw InvalidInput(fmt::format("thermal model: {} must be {}, got {}", field, allowed, v));
@@ -128,7 +124,7 @@ void ThermalTarget::control(double dt_s) {
     if (temperature_c_ > t_.throttle_temp_c) {
       clock_mhz_ = std::max(model_.gpu().min_freq_mhz, clock_mhz_ - step_mhz_);
       throttling_ = true;
-      latched_ |= kThrottleSwThermalSlowdown;
+      latched_ |= nvml::kReasonSwThermalSlowdown;
     } else if (temperature_c_ < t_.throttle_temp_c - t_.recover_hysteresis_c) {
       clock_mhz_ = config_.freq_mhz;
       throttling_ = false;
@@ -153,13 +149,13 @@ double ThermalTarget::run(int iterations) {
 double ThermalTarget::energy_j() { return energy_per_gpu_j_ * gpus_; }
 
 std::uint64_t ThermalTarget::throttle_mask() {
-  const std::uint64_t m = latched_ | (throttling_ ? kThrottleSwThermalSlowdown : 0);
+  const std::uint64_t m = latched_ | (throttling_ ? nvml::kReasonSwThermalSlowdown : 0);
   latched_ = 0;
   return m;
 }
 
 std::string ThermalTarget::describe_throttle(std::uint64_t mask) const {
-  return describe_throttle_reasons(mask);
+  return nvml::ClockEventReasons{mask}.describe();
 }
 
 void ThermalTarget::idle(double seconds) {

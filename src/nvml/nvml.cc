@@ -127,9 +127,6 @@ constexpr std::pair<std::uint64_t, const char*> kReasonNames[] = {
     {0x80, "hw_power_brake_slowdown"},
     {0x100, "display_clock_setting"},
 };
-// Power cap, hardware slowdown, software/hardware thermal slowdown and power brake bias a
-// measurement; idle, application-clock, sync-boost and display settings do not.
-constexpr std::uint64_t kThrottleMask = 0x4 | 0x8 | 0x20 | 0x40 | 0x80;
 
 class DeviceImpl : public Device {
  public:
@@ -446,7 +443,7 @@ void check(int code, const std::string& what, const std::string& detail) {
   throw_kind(entry != nullptr ? entry->kind : Kind::kGeneric, code, message);
 }
 
-bool ClockEventReasons::throttled() const { return (mask & kThrottleMask) != 0; }
+bool ClockEventReasons::throttled() const { return (mask & kBiasingReasons) != 0; }
 
 std::string ClockEventReasons::describe() const {
   std::string out;

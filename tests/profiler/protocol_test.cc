@@ -55,7 +55,7 @@ class FakeTarget : public MeasurementTarget {
     return m;
   }
   std::string describe_throttle(std::uint64_t mask) const override {
-    return describe_throttle_reasons(mask);
+    return nvml::ClockEventReasons{mask}.describe();
   }
   void idle(double seconds) override { calls.push_back("idle " + std::to_string(seconds)); }
   int gpus() const override { return group; }
@@ -112,7 +112,7 @@ TEST(Protocol, ScriptedDriftAndThrottleAreRepeated) {
   FakeTarget t;
   // Window 1 drifts 31 MHz (allowed 30), window 2 throttles, window 3 drifts exactly 30: stable.
   t.clocks = {1410, 1379, 1410, 1410, 1380, 1410};
-  t.masks = {0, kThrottleHwPowerBrake, 0};
+  t.masks = {0, nvml::kReasonHwPowerBrake, 0};
   ProtocolOptions o;
   o.max_attempts = 5;
   const auto r = run_protocol(t, o, 1410);
@@ -133,22 +133,22 @@ TEST(Protocol, ScriptedDriftAndThrottleAreRepeated) {
 // repeated. Repeating reasons mixed with it are repeated and named without it.
 TEST(Protocol, SwPowerCapIsRecordedNotRepeated) {
   FakeTarget t;
-  t.masks = {kThrottleSwPowerCap};
+  t.masks = {nvml::kReasonSwPowerCap};
   const auto r = run_protocol(t, {}, 1410);
   EXPECT_TRUE(r.stable) << r.note;
   EXPECT_EQ(r.attempts, 1);
-  EXPECT_EQ(r.throttle_mask, kThrottleSwPowerCap);
+  EXPECT_EQ(r.throttle_mask, nvml::kReasonSwPowerCap);
   EXPECT_TRUE(r.note.empty()) << r.note;
 
   FakeTarget u;
-  u.masks = {kThrottleSwPowerCap | kThrottleSwThermalSlowdown, kThrottleSwPowerCap};
+  u.masks = {nvml::kReasonSwPowerCap | nvml::kReasonSwThermalSlowdown, nvml::kReasonSwPowerCap};
   const auto q = run_protocol(u, {}, 1410);
   EXPECT_TRUE(q.stable) << q.note;
   EXPECT_EQ(q.attempts, 2);
-  EXPECT_EQ(q.throttle_mask, kThrottleSwPowerCap);
+  EXPECT_EQ(q.throttle_mask, nvml::kReasonSwPowerCap);
   EXPECT_NE(q.note.find("attempt 1: throttled (sw_thermal_slowdown)"), std::string::npos) << q.note;
-  EXPECT_EQ(kRepeatThrottleMask, kThrottleHwSlowdown | kThrottleSwThermalSlowdown |
-                                     kThrottleHwThermalSlowdown | kThrottleHwPowerBrake);
+  EXPECT_EQ(kRepeatThrottleMask, nvml::kReasonHwSlowdown | nvml::kReasonSwThermalSlowdown |
+                                     nvml::kReasonHwThermalSlowdown | nvml::kReasonHwPowerBrake);
 }
 
 // A real GPU: reads before the window is queued and after it has synchronised see an idle card
@@ -180,7 +180,7 @@ TEST(Protocol, ThrottlingVisibleOnlyDuringTheWindowIsRepeated) {
   bad.first_clock_mhz = 1410;
   bad.min_clock_mhz = 1305;
   bad.max_clock_mhz = 1410;
-  bad.throttle_mask = kThrottleHwSlowdown;
+  bad.throttle_mask = nvml::kReasonHwSlowdown;
   t.windows = {bad};
   const auto r = run_protocol(t, {}, 1410);
   EXPECT_TRUE(r.stable) << r.note;
@@ -216,13 +216,14 @@ TEST(Protocol, ThrottlingVisibleOnlyDuringTheWindowIsRepeated) {
 
 TEST(Protocol, ScriptedAlwaysThrottledEndsUnstable) {
   FakeTarget t;
-  t.masks = {kThrottleHwSlowdown, kThrottleHwSlowdown, kThrottleHwSlowdown, kThrottleHwSlowdown};
+  t.masks = {nvml::kReasonHwSlowdown, nvml::kReasonHwSlowdown, nvml::kReasonHwSlowdown,
+             nvml::kReasonHwSlowdown};
   ProtocolOptions o;
   o.max_attempts = 4;
   const auto r = run_protocol(t, o, 1410);
   EXPECT_FALSE(r.stable);
   EXPECT_EQ(r.attempts, 4);
-  EXPECT_EQ(r.throttle_mask, kThrottleHwSlowdown);
+  EXPECT_EQ(r.throttle_mask, nvml::kReasonHwSlowdown);
   EXPECT_NE(r.note.find("attempt 4: throttled (hw_slowdown)"), std::string::npos) << r.note;
   // The last window's numbers are still returned.
   EXPECT_DOUBLE_EQ(r.energy_j, 2.0);
@@ -343,7 +344,7 @@ TEST(ProtocolThermal, LowLimitAlwaysThrottlesAndEndsUnstable) {
   const auto r = run_protocol(target, o, 1410);
   EXPECT_FALSE(r.stable);
   EXPECT_EQ(r.attempts, 3);
-  EXPECT_NE(r.throttle_mask & kThrottleSwThermalSlowdown, 0u);
+  EXPECT_NE(r.throttle_mask & nvml::kReasonSwThermalSlowdown, 0u);
   EXPECT_LT(r.clock_mhz, 1410);
   EXPECT_NE(r.note.find("attempt 3:"), std::string::npos) << r.note;
 }
