@@ -9,11 +9,11 @@
 namespace kareus {
 namespace {
 
-const std::string kCsv = std::string(KAREUS_SHARED_DIR) +
+const std::string kCsv = std::string(KAREUS_DATA_DIR) +
                          "/calibration/a100-sxm4-40gb_llama3.2-3b_tp8_pp2_mbs8_seq4096.csv";
 
 TEST(Calibration, DefaultsMeetTheThreeTargetsWithinTenPercent) {
-  if (!std::filesystem::exists(kCsv)) GTEST_SKIP() << "shared calibration data not found";
+  ASSERT_TRUE(std::filesystem::exists(kCsv)) << kCsv;
   const auto w = load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096"));
   const auto targets = read_calibration_targets(kCsv, 1410, 1020);
   ASSERT_EQ(targets.size(), 3u);
@@ -27,7 +27,7 @@ TEST(Calibration, DefaultsMeetTheThreeTargetsWithinTenPercent) {
 }
 
 TEST(Calibration, FitReproducesCommittedDefaults) {
-  if (!std::filesystem::exists(kCsv)) GTEST_SKIP() << "shared calibration data not found";
+  ASSERT_TRUE(std::filesystem::exists(kCsv)) << kCsv;
   const auto w = load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096"));
   const auto targets = read_calibration_targets(kCsv, 1410, 1020);
   const auto fit = calibrate(w, targets, calibration_prior());
