@@ -9,6 +9,8 @@
 #include <sstream>
 #include <string>
 
+#include "kareus/profiler.h"
+
 namespace kareus::test {
 
 inline std::string source_path(const std::string& rel) {
@@ -76,6 +78,16 @@ inline CommandResult run_cli(const std::string& args) {
   r.out = read_file(out);
   r.err = read_file(err);
   return r;
+}
+
+/// Emulator profiler options as most tests use them: the workload's GPU, 1% noise, seed 1.
+inline ProfilerOptions emulator_options(const std::string& gpu, double noise = 0.01,
+                                        std::uint64_t seed = 1) {
+  ProfilerOptions o;
+  o.gpu = gpu;
+  o.noise = noise;
+  o.seed = seed;
+  return o;
 }
 
 }  // namespace kareus::test

@@ -1,4 +1,4 @@
-// Fitting the emulator to measured whole-iteration figures (../shared/calibration). The fit
+// Fitting the emulator to measured whole-iteration figures (data/calibration). The fit
 // changes only the parameters marked "fitted" in EmulatorParams, on one workload; every other
 // workload is a prediction. docs/emulator.md records the procedure and the residuals.
 #pragma once

@@ -1,10 +1,10 @@
-// Hierarchical composition (brief section 6), instruction level: for each stage, instruction
-// (forward, backward) and clock, combine the Pareto-optimal configurations of every partition in
-// the instruction (one configuration per partition for all its instances, as in the paper), sum
-// times and dynamic energies over the instances, add the segments, and keep the Pareto set on
-// (time, dynamic energy). The sum of Pareto sets is computed incrementally (Minkowski sum with a
-// Pareto filter after each partition), which is exact: every Pareto-optimal total is a sum of
-// Pareto-optimal parts.
+// Hierarchical composition (Wu, Chung, Chowdhury, OSDI '26), instruction level: for each stage,
+// instruction (forward, backward) and clock, combine the Pareto-optimal configurations of every
+// partition in the instruction (one configuration per partition for all its instances, as in the
+// paper), sum times and dynamic energies over the instances, add the segments, and keep the Pareto
+// set on (time, dynamic energy). The sum of Pareto sets is computed incrementally (Minkowski sum
+// with a Pareto filter after each partition), which is exact: every Pareto-optimal total is a sum
+// of Pareto-optimal parts.
 #pragma once
 
 #include <functional>

@@ -6,9 +6,12 @@
 // src/frontier/phillips_dessouky.cc for where it is exact and where it is a heuristic.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "kareus/kernel_graph.h"
 
 namespace kareus {
 
@@ -17,10 +20,16 @@ struct DagOption {
   double energy_j = 0;  ///< dynamic energy, summed over the stage's GPUs
 };
 
+/// What a DAG node stands for: a pipeline instruction, a message between stages or a
+/// once-per-iteration reduction.
+enum class DagNodeKind { kForward, kBackward, kP2p, kIteration };
+const char* to_string(DagNodeKind k);  ///< "forward", "backward", "p2p", "iteration"
+DagNodeKind dag_node_kind(InstructionKind k);
+
 struct DagNode {
   int id = 0;
   int stage = 0;
-  std::string instruction;  ///< "forward", "backward", "p2p", "iteration"
+  DagNodeKind instruction = DagNodeKind::kForward;
   int microbatch = -1;
   std::vector<DagOption> options;  ///< Pareto-optimal on (time, energy), time ascending
 };
@@ -48,12 +57,19 @@ struct FrontierPoint {
 
 struct FrontierOptions {
   double unit_s = 1e-3;  ///< time quantum of the solver
+  /// Called as the solver advances with (steps done, bound on the steps); may be empty.
+  std::function<void(std::size_t, std::size_t)> progress;
+  /// Start each iteration's maximum flow from the previous one's and reuse the previous cut
+  /// when the critical network did not change. Off: every cut from scratch (the same frontier,
+  /// slower; for tests).
+  bool warm_start = true;
 };
 
 struct FrontierStats {
   int iterations = 0;
   int cuts_without_credit = 0;  ///< cuts taken with lb = 0 because the bounds were infeasible
   double seconds = 0;
+  double cpu_seconds = 0;  ///< CPU time of the solving thread (wall time minus waiting)
 };
 
 /// Keeps the Pareto set on (time_s, energy_j), fastest first.

@@ -37,6 +37,18 @@ struct GpuSpec {
   /// The default search frequencies, descending from search_max_freq_mhz (artifact order).
   std::vector<int> search_freqs_mhz() const;
   bool supports_freq(int freq_mhz) const;
+  /// "<name> supports <min>..<max> MHz in <step> MHz steps": the one wording of the clock rule.
+  std::string supported_freqs_text() const;
+  /// Throws InvalidInput "<what>: <supported_freqs_text()>" unless supports_freq(freq_mhz);
+  /// `what` names the value and where it came from, e.g. "--freq 1234".
+  void require_freq(int freq_mhz, const std::string& what) const;
+  /// SM count (NCCL CTAs) of collectives that no search tunes (segments outside partitions,
+  /// messages between pipeline stages, once-per-iteration reductions): NCCL's default. The
+  /// emulator, the profilers and the planner all take it from here.
+  int segment_collective_sms() const { return nccl_default_channels; }
+  /// Clock of the messages between pipeline stages and the once-per-iteration reductions: the
+  /// maximum, as in Perseus and the Kareus artifact.
+  int p2p_reduction_freq_mhz() const { return max_freq_mhz; }
 };
 
 /// The catalogue entry for `name`. Throws InvalidInput listing the known names.

@@ -1,8 +1,8 @@
-// Partitions: the repeating units Kareus optimizes (brief section 2). With two nano-batches the
-// layer stack of an instruction runs as an interleaving NB0 b0, NB1 b0, NB0 b1, NB1 b1, ... of
-// compute blocks; each compute block runs concurrently with the collective that the other
-// nano-batch issued just before. Such a pair is a partition. The first compute block (nothing to
-// overlap yet) and the last collective (nothing left to overlap with) are segments, as are the
+// Partitions: the repeating units Kareus optimizes (Wu, Chung, Chowdhury, OSDI '26). With two
+// nano-batches the layer stack of an instruction runs as an interleaving NB0 b0, NB1 b0, NB0 b1,
+// NB1 b1, ... of compute blocks; each compute block runs concurrently with the collective that the
+// other nano-batch issued just before. Such a pair is a partition. The first compute block (nothing
+// to overlap yet) and the last collective (nothing left to overlap with) are segments, as are the
 // embedding, the output layer and loss, and the pipeline/data-parallel communication.
 //
 // Partitions with the same key and shapes are stored once with a repeat count; every

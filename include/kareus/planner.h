@@ -44,6 +44,9 @@ struct PlannerOptions {
   /// equal clocks); shorter runs are merged into a neighbouring run (see hold_clocks). The
   /// frontier also tries longer holds where merging pays for the switches it saves.
   double min_clock_hold_s = 0;
+  /// Memory the frontier of one method may take (MiB): the DAG, the instruction options and
+  /// one choice per solver step. Checked before the solver runs (InvalidInput naming the limit).
+  double frontier_memory_mb = 4096;
 };
 
 /// Progress of the pipeline: (stage name, done, total).
@@ -57,13 +60,27 @@ struct PartitionSearchSummary {
   int coverage_points = 0;  ///< extra measurements so that every clock has an option
 };
 
+/// Time and dynamic energy of a segment that runs once (a message between stages, a
+/// once-per-iteration reduction), per GPU.
+struct SegmentRun {
+  double time_s = 0;
+  double dynamic_energy_j = 0;
+  bool operator==(const SegmentRun&) const = default;
+};
+
 /// A method's frontier with everything needed to turn points into plans.
 struct MethodFrontier {
   Method method = Method::kKareus;
   ExecutionMode execution = ExecutionMode::kOverlapped;
   IterationDag dag;
-  /// Per DAG node: the instruction options behind its DAG options (empty for P2P/iteration).
-  std::vector<std::vector<InstructionOption>> node_options;
+  /// The instruction options of each (stage, kind), at tables[2 * stage + kind] (kind 0:
+  /// forward, 1: backward). 1F1B runs each (stage, kind) once per micro-batch; every such DAG
+  /// node shares its table instead of holding a copy.
+  std::vector<std::vector<InstructionOption>> tables;
+  /// Per DAG node: the index into `tables` of its options, -1 for messages and reductions.
+  std::vector<int> node_table;
+  SegmentRun p2p;                      ///< one message between neighbouring stages
+  std::vector<SegmentRun> reductions;  ///< PartitionSet::iteration_segments, in that order
   /// Points re-evaluated with clock-switch stalls after hold_clocks; Pareto set, fastest first.
   std::vector<FrontierPoint> points;
   /// The solver's points before that (clock changes free), for comparison.
@@ -71,7 +88,24 @@ struct MethodFrontier {
   double clock_switch_s = 0;  ///< stall per clock change used for `points`
   double min_clock_hold_s = 0;
   FrontierStats stats;
+
+  /// The instruction options behind node i's DAG options (empty for messages and reductions).
+  const std::vector<InstructionOption>& node_options(std::size_t node) const;
 };
+
+/// Builds f.dag and f.node_table from f.tables, f.p2p and f.reductions on the workload's 1F1B
+/// schedule (f.dag.static_power_w and f.dag.gpus are kept). The DAG is a pure function of these
+/// inputs, so a frontier stored as options and choices rebuilds the same DAG.
+void build_iteration_dag(const Workload& w, const PartitionSet& ps, MethodFrontier& f);
+
+/// Memory the frontier of f.dag is expected to take: the DAG, the option tables and one choice
+/// per solver step, at most (slowest - fastest makespan) / unit + 1 steps.
+struct FrontierMemory {
+  double bytes = 0;
+  double solver_steps = 0;
+  std::size_t options = 0;  ///< instruction options over all tables
+};
+FrontierMemory frontier_memory(const MethodFrontier& f, double unit_s);
 
 /// Predicted schedule of a frontier point with clock-switch stalls (one entry per DAG node).
 struct ClockSchedule {
@@ -101,6 +135,20 @@ ClockSchedule schedule_with_switches(const MethodFrontier& f, const std::vector<
 /// slack; the frontier tries both).
 std::vector<int> hold_clocks(const MethodFrontier& f, const std::vector<int>& choice,
                              double min_hold_s, bool toward_faster = true);
+/// hold_clocks for each of the ascending holds `min_holds_s` in one pass: since a longer hold
+/// continues a shorter hold's merges, result k equals hold_clocks(f, choice, min_holds_s[k],
+/// toward_faster) at the cost of the longest one alone.
+std::vector<std::vector<int>> hold_clocks_sequence(const MethodFrontier& f,
+                                                   const std::vector<int>& choice,
+                                                   const std::vector<double>& min_holds_s,
+                                                   bool toward_faster = true);
+
+/// A choice of options (one per DAG node of f) as an executable plan (format v2: rank mapping,
+/// slot ops, recompute flags, predicted start/end per instruction with clock-switch stalls).
+/// `digest` is workload_digest(w, ps).
+Plan materialize_plan(const Workload& w, const PartitionSet& ps, const std::string& digest,
+                      const MethodFrontier& f, const std::vector<int>& choice,
+                      const std::string& goal);
 
 class Planner {
  public:
@@ -114,6 +162,7 @@ class Planner {
   /// A frontier point as an executable plan (format v2: rank mapping, slot ops, recompute
   /// flags, predicted start/end per instruction with clock-switch stalls).
   Plan make_plan(const MethodFrontier& f, std::size_t point, const std::string& goal) const;
+  const PlannerOptions& options() const { return o_; }
 
   const Workload& workload() const { return w_; }
   const PartitionSet& partitions() const { return ps_; }
@@ -124,6 +173,8 @@ class Planner {
   std::vector<InstructionOption> instruction_options(Method m, int stage, InstructionKind k,
                                                      bool per_instance);
   MethodFrontier frontier_with(Method m, bool per_instance);
+  void compose_tables(MethodFrontier& mf, bool per_instance);
+  void check_frontier_memory(const MethodFrontier& mf) const;
   MethodFrontier frontier_layers(Method m);  ///< uniform, or per-layer with the uniform points
   void apply_clock_switch_cost(MethodFrontier& mf) const;
   PartitionOption segment_cost(const Segment& s, int freq_mhz);

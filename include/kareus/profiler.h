@@ -34,7 +34,8 @@ struct Measurement {
   double static_energy_j = 0;
 };
 
-/// Real profiling of one point: a 5 s measurement window plus a 5 s cool-down (brief section 4).
+/// Real profiling of one point: a 5 s measurement window plus a 5 s cool-down (the Kareus
+/// artifact's profiler).
 inline constexpr double kRealSecondsPerPoint = 10.0;
 
 struct ProfilerOptions {

@@ -69,6 +69,10 @@ class SearchStrategy {
                            const SearchOptions& o, const SearchProgress& progress) = 0;
 };
 
+using SearchStrategyFactory = std::function<std::unique_ptr<SearchStrategy>()>;
+/// Registers a strategy under `name` (replacing one of that name); returns true so it can
+/// initialise a static. Thread-safe, as are the two functions below.
+bool register_search_strategy(const std::string& name, SearchStrategyFactory factory);
 /// Creates a strategy by name; an unknown name throws InvalidInput listing the valid names.
 std::unique_ptr<SearchStrategy> create_search_strategy(const std::string& name);
 std::vector<std::string> search_strategy_names();

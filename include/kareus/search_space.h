@@ -1,7 +1,8 @@
 // The configuration space of a partition: SM clocks x SMs of the collective x launch slots.
-// Defaults follow the Kareus artifact on A100 (brief section 3): clocks from the GPU's search
-// range (1410..900 MHz in 30 MHz steps), AllReduce SMs 3, 6, ..., 30, AllGather/ReduceScatter
-// SMs 1..20, every launch slot of the partition. Every list can be overridden.
+// Defaults follow the Kareus artifact on A100 (github.com/ml-energy/kareus): clocks from the GPU's
+// search range (1410..900 MHz in 30 MHz steps), AllReduce SMs 3, 6, ..., 30,
+// AllGather/ReduceScatter SMs 1..20, every launch slot of the partition. Every list can be
+// overridden.
 #pragma once
 
 #include <string>

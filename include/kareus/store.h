@@ -68,6 +68,28 @@ class ProfileStore {
   std::string path_;
 };
 
+/// One point to measure: a partition under a configuration, or a segment (`segment` set) at
+/// config.freq_mhz. The pointers are borrowed for the duration of the call they are passed to.
+struct MeasureRequest {
+  const Partition* partition = nullptr;
+  const Segment* segment = nullptr;
+  PartitionConfig config;
+};
+
+/// Measures several points at once, elsewhere (distributed profiling, kareus/distributed.h).
+/// Not thread-safe unless the implementation says so.
+class ParallelMeasurer {
+ public:
+  virtual ~ParallelMeasurer() = default;
+  /// Called on the caller's thread as each point arrives, in any order: (index into the
+  /// requests, measurement, fingerprint of the backend that measured it).
+  using ResultFn = std::function<void(std::size_t, const Measurement&, const std::string&)>;
+  /// Measures every request; returns when all have arrived. On a failure it waits for the
+  /// points in flight (still passing them to on_result) and then throws.
+  virtual void measure_all(const std::vector<MeasureRequest>& requests,
+                           const ResultFn& on_result) = 0;
+};
+
 /// A profiler with a store in front: stored points are returned without measuring; new ones are
 /// measured and committed at once. Points already served in this run are remembered (also
 /// without a store), so a point is measured at most once. `measured` and `reused` count distinct
@@ -77,6 +99,12 @@ class ProfileStore {
 /// or a backend whose can_measure() is true) and then, if any point of the batch is missing,
 /// throws MeasurementsNeeded with all of them. Outside ask mode a batch is exactly a sequence of
 /// measure() calls.
+///
+/// Parallel mode (set_parallel, distributed profiling): measure_batch() and measure_segments()
+/// serve what the memo and the store have, hand the rest to the ParallelMeasurer at once and
+/// commit each point to the store as it arrives, so a killed run loses only the points in
+/// flight. Results are placed by index and on_point is called in the batch's order, so callers
+/// see exactly what a sequential run would.
 class CachedProfiler {
  public:
   CachedProfiler(Profiler& backend, ProfileStore* store) : backend_(backend), store_(store) {}
@@ -90,6 +118,13 @@ class CachedProfiler {
   void set_ask_mode(bool on) { ask_ = on; }
   bool ask_mode() const { return ask_; }
   Measurement measure_segment(const Segment& s, int freq_mhz);
+  /// Measures segments ahead of their use (each pair: segment, SM clock in MHz), in parallel
+  /// in parallel mode; afterwards measure_segment() serves them from the memo. Without parallel
+  /// mode it is the same sequence of measure_segment() calls.
+  void measure_segments(const std::vector<std::pair<const Segment*, int>>& points);
+  /// Parallel mode: `m` (borrowed, may be null to turn it off) measures every point that the
+  /// memo and the store lack. Ignored in ask mode.
+  void set_parallel(ParallelMeasurer* m) { parallel_ = m; }
   /// True when the point is already in the store (no measurement needed).
   bool stored(const Partition& p, const PartitionConfig& c) const;
   Profiler& backend() { return backend_; }
@@ -100,12 +135,19 @@ class CachedProfiler {
   StoreKey key(const Partition& p, const PartitionConfig& c) const;
   Measurement serve(const StoreKey& k, const std::function<Measurement()>& measure);
   static std::string memo_key(const StoreKey& k);
+  StoreKey segment_key(const Segment& s, int freq_mhz) const;
+  /// Parallel mode: serves `keys` from memo/store, measures the rest through parallel_, and
+  /// calls on_point(i, m) in index order as a prefix completes.
+  std::vector<Measurement> serve_parallel(const std::vector<StoreKey>& keys,
+                                          const std::vector<MeasureRequest>& requests,
+                                          const BatchCallback& on_point);
   Profiler& backend_;
   ProfileStore* store_;
   std::map<std::string, Measurement> memo_;
   int measured_ = 0;
   int reused_ = 0;
   bool ask_ = false;
+  ParallelMeasurer* parallel_ = nullptr;
 };
 
 /// Signature of a segment's work (kernel shapes), for store keys.

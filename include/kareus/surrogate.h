@@ -18,7 +18,7 @@ struct Matrix {
 };
 
 struct XgbParams {
-  int max_depth = 6;  ///< artifact settings (brief section 5)
+  int max_depth = 6;  ///< Kareus artifact settings
   double eta = 0.3;
   double subsample = 0.8;
   double colsample_bytree = 0.8;

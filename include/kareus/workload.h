@@ -36,6 +36,9 @@ struct ParallelConfig {
   int dp = 1;
   bool sequence_parallel = false;
   std::vector<int> stage_layers;  ///< layers per pipeline stage; sums to ModelConfig::layers
+  /// GPUs that run one pipeline stage (tp * cp * dp): per-GPU figures of a stage times this
+  /// give the stage's share of the job.
+  int gpus_per_stage() const { return tp * cp * dp; }
 };
 
 struct BatchConfig {
@@ -66,7 +69,9 @@ struct Workload {
 ModelConfig model_preset(const std::string& name);
 std::vector<std::string> model_preset_names();
 
-/// Reads and validates a workload file. Throws InvalidInput.
+/// Reads and validates a workload file. Throws InvalidInput. Every size has an upper limit that
+/// every real training job fits (src/workload/workload.cc says which and why); a larger value
+/// throws InvalidInput naming the key, the limit and the reason.
 Workload load_workload(const std::string& path);
 /// Parses and validates workload YAML text; `source` is used in error messages.
 Workload parse_workload(const std::string& yaml_text, const std::string& source);

@@ -337,7 +337,7 @@ Measurement CudaProfiler::measure(const Partition& p, const PartitionConfig& c) 
 Measurement CudaProfiler::measure_segment(const Segment& s, int freq_mhz) {
   const ExecutionPlan plan = plan_segment(s);
   const ProtocolResult r = measure_plan(fmt::format("segment {} (freq {} MHz)", s.name, freq_mhz),
-                                        plan, std::max(1, gpu_.nccl_default_channels), freq_mhz);
+                                        plan, std::max(1, gpu_.segment_collective_sms()), freq_mhz);
   return make_measurement(r.time_s, r.energy_j, static_power_w());
 }
 

@@ -308,6 +308,28 @@ Graph forward_graph(const AttentionShape& s) {
   return g;
 }
 
+// Node names of a KV-head gradient product (cuDNN frontend's names, kept for its logs).
+struct HeadSumNames {
+  const char* full;    ///< the per-query-head product
+  const char* matmul;  ///< the matmul node
+  const char* reduce;  ///< the sum over query heads
+};
+
+// out = lhs rhs for a gradient of K or V. With GQA (several query heads per KV head) the product
+// is formed per query head, [n, h, skv, d], and summed over the heads that share a KV head.
+void head_summed_matmul(Builder& b, const HeadSumNames& names, std::int64_t lhs, std::int64_t rhs,
+                        std::int64_t out, const AttentionShape& s) {
+  const std::int64_t n = s.groups, h = s.q_heads_per_group, skv = s.kv_len, d = s.head_dim;
+  if (h == 1) {
+    b.matmul(names.matmul, lhs, rhs, out);
+    return;
+  }
+  const auto full =
+      b.virt(names.full, {n, h, skv, d}, {h * skv * d, skv * d, d, 1}, DataType::kBf16);
+  b.matmul(names.matmul, lhs, rhs, full);
+  b.reduction(names.reduce, ReductionMode::kAdd, full, out);
+}
+
 Graph backward_graph(const AttentionShape& s) {
   Graph g = base(s, Direction::kBackward);
   Builder b(g);
@@ -320,7 +342,6 @@ Graph backward_graph(const AttentionShape& s) {
   const Dims qd = {n, h, sq, d}, qs = {h * sq * d, sq * d, d, 1};
   const Dims kvd = {n, 1, skv, d}, kvs = {skv * d, skv * d, d, 1};
   const Dims kvtd = {n, 1, d, skv}, kvts = {skv * d, skv * d, 1, d};
-  const bool gqa = h != 1;
 
   const auto q = b.io(uid::kQ, "Q", qd, qs, DataType::kBf16);
   const auto kt = b.io(uid::kK, "K^T", kvtd, kvts, DataType::kBf16);
@@ -358,14 +379,7 @@ Graph backward_graph(const AttentionShape& s) {
   // dV = P^T dO, summed over the query heads that share a KV head.
   const auto pt = b.virt("reshape_p", score_t_dims, score_t_strides, DataType::kBf16);
   b.reshape("reshape_p", p, pt);
-  if (gqa) {
-    const auto dv_full =
-        b.virt("dV_fullhead", {n, h, skv, d}, {h * skv * d, skv * d, d, 1}, DataType::kBf16);
-    b.matmul("matmul_pT_dO", pt, d_o, dv_full);
-    b.reduction("red_dV_head", ReductionMode::kAdd, dv_full, dv);
-  } else {
-    b.matmul("matmul_pT_dO", pt, d_o, dv);
-  }
+  head_summed_matmul(b, {"dV_fullhead", "matmul_pT_dO", "red_dV_head"}, pt, d_o, dv, s);
 
   // dS = scale * P * (dO V^T - softmax_sum).
   const auto dp = b.virt("matmul_dO_VT", score_dims, score_strides, DataType::kFloat);
@@ -380,14 +394,7 @@ Graph backward_graph(const AttentionShape& s) {
   // dK = dS^T Q, summed over the query heads of a KV head.
   const auto dst = b.virt("reshape_dS", score_t_dims, score_t_strides, DataType::kBf16);
   b.reshape("reshape_dS", ds, dst);
-  if (gqa) {
-    const auto dk_full =
-        b.virt("dK_fullhead", {n, h, skv, d}, {h * skv * d, skv * d, d, 1}, DataType::kBf16);
-    b.matmul("matmul_dST_Q", dst, q, dk_full);
-    b.reduction("red_dK_head", ReductionMode::kAdd, dk_full, dk);
-  } else {
-    b.matmul("matmul_dST_Q", dst, q, dk);
-  }
+  head_summed_matmul(b, {"dK_fullhead", "matmul_dST_Q", "red_dK_head"}, dst, q, dk, s);
 
   // dQ = dS K, accumulated in float by the engine, then converted.
   const auto k = b.virt("reshape_k", kvd, kvs, DataType::kFloat);

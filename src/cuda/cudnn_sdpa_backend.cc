@@ -229,11 +229,36 @@ struct FusedAttention::Plan {
   }
 
   void build(cudnnHandle_t handle, const Alloc& alloc) {
+    const cudnnBackendDescriptor_t og = build_operation_graph(handle);
+    const std::vector<cudnnBackendDescriptor_t> configs = engine_configs(og);
+    // The heuristics rank configurations; the first whose plan finalizes runs (as
+    // cudnn-frontend's HEURISTICS_CHOICE policy does).
+    StepError last{"execution plan finalize", 0, ""};
+    for (std::size_t i = 0; i < configs.size() && !plan; ++i) {
+      cudnnBackendDescriptor_t p =
+          create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
+      set(p, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "execution plan");
+      set_desc(p, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, configs[i], "execution plan");
+      const cudnnStatus_t st = api->finalize(p);
+      if (st == CUDNN_STATUS_SUCCESS) {
+        plan = p;
+        engine_index = query_engine_index(configs[i]);
+      } else {
+        const char* text = api->error_string ? api->error_string(st) : nullptr;
+        last = {fmt::format("execution plan finalize ({} engine configs tried)", i + 1),
+                static_cast<int>(st), text ? text : "unknown cuDNN status"};
+      }
+    }
+    if (!plan) throw StepFailure{last};
+    allocate_buffers(alloc);
+  }
+
+  // The tensors and operations of `graph` as a finalized cuDNN operation graph.
+  cudnnBackendDescriptor_t build_operation_graph(cudnnHandle_t handle) {
     const int version = static_cast<int>(api->version ? api->version() : 0);
     for (const auto& t : graph.tensors) build_tensor(t);
     std::vector<cudnnBackendDescriptor_t> ops;
     for (const auto& op : graph.ops) ops.push_back(build_op(op, version));
-
     cudnnBackendDescriptor_t og =
         create(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
     set(og, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
@@ -244,7 +269,11 @@ struct FusedAttention::Plan {
       set(og, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "operation graph");
     }
     finalize(og, "operation graph");
+    return og;
+  }
 
+  // The engine configurations heuristics mode A proposes for the graph, best first.
+  std::vector<cudnnBackendDescriptor_t> engine_configs(cudnnBackendDescriptor_t og) {
     cudnnBackendDescriptor_t heur =
         create(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "engine heuristics");
     set_desc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, og, "engine heuristics");
@@ -271,26 +300,12 @@ struct FusedAttention::Plan {
       throw StepFailure{{"engine heuristics", static_cast<int>(CUDNN_STATUS_NOT_SUPPORTED),
                          "no engine configuration returned"}};
     }
-    // The heuristics rank configurations; the first whose plan finalizes runs (as
-    // cudnn-frontend's HEURISTICS_CHOICE policy does).
-    StepError last{"execution plan finalize", 0, ""};
-    for (std::int64_t i = 0; i < returned && !plan; ++i) {
-      cudnnBackendDescriptor_t p =
-          create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
-      set(p, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "execution plan");
-      set_desc(p, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, configs[static_cast<std::size_t>(i)],
-               "execution plan");
-      const cudnnStatus_t st = api->finalize(p);
-      if (st == CUDNN_STATUS_SUCCESS) {
-        plan = p;
-        engine_index = query_engine_index(configs[static_cast<std::size_t>(i)]);
-      } else {
-        const char* text = api->error_string ? api->error_string(st) : nullptr;
-        last = {fmt::format("execution plan finalize ({} engine configs tried)", i + 1),
-                static_cast<int>(st), text ? text : "unknown cuDNN status"};
-      }
-    }
-    if (!plan) throw StepFailure{last};
+    configs.resize(static_cast<std::size_t>(std::min(returned, count)));
+    return configs;
+  }
+
+  // The plan's workspace and, for the backward graph, the float dQ accumulator.
+  void allocate_buffers(const Alloc& alloc) {
     check(api->get_attribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
                              nullptr, &workspace_bytes),
           "execution plan workspace size");

@@ -20,49 +20,17 @@
 
 namespace kareus::cuda {
 
-nlohmann::json run_device_check(const DeviceCheckOptions& o, std::ostream& table) {
-  const Workload w = load_workload(o.workload);
-  const PartitionSet ps = partition_workload(w);
-  visible_device_count();  // NotSupported "no CUDA device visible" first, before anything else
-  const DeviceInfo dev = device_info(o.device);
-  const std::string mapped = catalogue_gpu_for_device(dev.name);
+namespace {
 
-  ProfilerOptions po;
-  po.gpu = mapped.empty() ? w.gpu_name : mapped;
-  po.devices = {o.device};
-  po.window_s = o.window_s;
-  po.cooldown_s = o.cooldown_s;
-  po.allow_clock_control = false;  // read-only NVML: the check never changes a card setting
-  CudaOptions co;
-  co.proxy_collective = true;
-  co.protocol.warmup_iterations = 5;
-  co.protocol.calibration_iterations = 10;
-  co.protocol.max_attempts = 2;
-  CudaProfiler prof(po, co);
-  const int clock = *prof.fixed_freq_mhz();
-  const EmulatorModel model(prof.gpu());
-
-  nlohmann::json j = {
-      {"device", dev.name},
-      {"device_index", o.device},
-      {"catalogue_gpu", mapped.empty() ? nlohmann::json() : nlohmann::json(mapped)},
-      {"sm_count", dev.sm_count},
-      {"observed_clock_mhz", prof.observed_clock_mhz()},
-      {"clock_mhz", clock},
-      {"window_s", o.window_s},
-      {"cooldown_s", o.cooldown_s},
-      {"nvml_access", "read-only"},
-      {"collective", "proxy: device-to-device copy of the payload on the same CTAs"},
-      {"attention", sdpa::attention_path().backend()},
-      {"workload", o.workload},
-      {"fingerprint", prof.fingerprint()}};
-  // cuDNN fused attention against the fallback kernel on small causal GQA shapes (top-left and
-  // bottom-right diagonal): the first numerical check of the fused graphs on a card.
-  std::string attention_check;
+// cuDNN fused attention against the fallback kernel on small causal GQA shapes (top-left and
+// bottom-right diagonal): the first numerical check of the fused graphs on a card. Adds
+// "attention_cross_check" to `j`; returns the lines for the table output.
+std::string cross_check_attention(int device, nlohmann::json& j) {
+  std::string text;
   if (sdpa::attention_path().fused()) {
     for (const AttentionShape& s :
          {AttentionShape{2, 3, 256, 256, 128}, AttentionShape{2, 3, 128, 256, 128}}) {
-      const sdpa::CrossCheck c = sdpa::cross_check_fused_attention(o.device, s);
+      const sdpa::CrossCheck c = sdpa::cross_check_fused_attention(device, s);
       j["attention_cross_check"].push_back(
           {{"shape", {s.groups, s.q_heads_per_group, s.q_len, s.kv_len, s.head_dim}},
            {"error", c.error},
@@ -80,15 +48,23 @@ nlohmann::json run_device_check(const DeviceCheckOptions& o, std::ostream& table
              {"dk", c.dk_max},
              {"dv", c.dv_max}}},
            {"agree", c.agree()}});
-      attention_check += fmt::format(
-          "attention cross check q_len {} kv_len {}: {}\n", s.q_len, s.kv_len,
-          !c.error.empty() ? "error: " + c.error
-                           : fmt::format("max |fused - fallback| O {:.3g} LSE {:.3g} dQ {:.3g} "
-                                         "dK {:.3g} dV {:.3g} rowsum {:.3g} -> {}",
-                                         c.o, c.lse, c.dq, c.dk, c.dv, c.row_sums,
-                                         c.agree() ? "agree" : "DISAGREE"));
+      text += fmt::format("attention cross check q_len {} kv_len {}: {}\n", s.q_len, s.kv_len,
+                          !c.error.empty()
+                              ? "error: " + c.error
+                              : fmt::format("max |fused - fallback| O {:.3g} LSE {:.3g} dQ {:.3g} "
+                                            "dK {:.3g} dV {:.3g} rowsum {:.3g} -> {}",
+                                            c.o, c.lse, c.dq, c.dk, c.dv, c.row_sums,
+                                            c.agree() ? "agree" : "DISAGREE"));
     }
   }
+  return text;
+}
+
+// Measures every partition at the card's clock, beside the emulator's prediction when the card
+// is in the catalogue; adds "partitions" to `j` and returns the table.
+TextTable measure_partitions(const PartitionSet& ps, CudaProfiler& prof, const DeviceInfo& dev,
+                             const std::string& mapped, int clock, nlohmann::json& j) {
+  const EmulatorModel model(prof.gpu());
   TextTable t({"partition", "time_s", "energy_j", "clock_mhz", "temp_c", "emulator time_s",
                "emulator energy_j", "stable"});
   for (const Partition& p : ps.partitions) {
@@ -127,6 +103,48 @@ nlohmann::json run_device_check(const DeviceCheckOptions& o, std::ostream& table
                fmt::format("{:.0f}->{:.0f}", r.temperature_before_c, r.temperature_after_c), pred_t,
                pred_e, r.stable ? "yes" : "no"});
   }
+  return t;
+}
+
+}  // namespace
+
+nlohmann::json run_device_check(const DeviceCheckOptions& o, std::ostream& table) {
+  const Workload w = load_workload(o.workload);
+  const PartitionSet ps = partition_workload(w);
+  visible_device_count();  // NotSupported "no CUDA device visible" first, before anything else
+  const DeviceInfo dev = device_info(o.device);
+  const std::string mapped = catalogue_gpu_for_device(dev.name);
+
+  ProfilerOptions po;
+  po.gpu = mapped.empty() ? w.gpu_name : mapped;
+  po.devices = {o.device};
+  po.window_s = o.window_s;
+  po.cooldown_s = o.cooldown_s;
+  po.allow_clock_control = false;  // read-only NVML: the check never changes a card setting
+  CudaOptions co;
+  co.proxy_collective = true;
+  co.protocol.warmup_iterations = 5;
+  co.protocol.calibration_iterations = 10;
+  co.protocol.max_attempts = 2;
+  CudaProfiler prof(po, co);
+  const int clock = *prof.fixed_freq_mhz();
+
+  nlohmann::json j = {
+      {"device", dev.name},
+      {"device_index", o.device},
+      {"catalogue_gpu", mapped.empty() ? nlohmann::json() : nlohmann::json(mapped)},
+      {"sm_count", dev.sm_count},
+      {"observed_clock_mhz", prof.observed_clock_mhz()},
+      {"clock_mhz", clock},
+      {"window_s", o.window_s},
+      {"cooldown_s", o.cooldown_s},
+      {"nvml_access", "read-only"},
+      {"collective", "proxy: device-to-device copy of the payload on the same CTAs"},
+      {"attention", sdpa::attention_path().backend()},
+      {"workload", o.workload},
+      {"fingerprint", prof.fingerprint()}};
+  const std::string attention_check = cross_check_attention(o.device, j);
+  TextTable t = measure_partitions(ps, prof, dev, mapped, clock, j);
   table << fmt::format(
       "device check on {} (GPU {}, catalogue {}), clock {} MHz as found (read-only NVML), "
       "collective = copy proxy on NCCL's default CTAs, attention = {}\n",

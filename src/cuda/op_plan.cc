@@ -184,89 +184,106 @@ CollectiveStep collective_step(const Kernel& k) {
   return c;
 }
 
+namespace {
+
+void plan_gemm(const Kernel& k, OpStep& op) {
+  op.type = OpType::kGemm;
+  // The kernel graph (src/workload/kernel_graph.cc) names the backward pair of y = x W
+  // (W stored [k,n]) "<name>_dgrad", dx = dy W^T, and "<name>_wgrad", dW = x^T dy.
+  op.gemm = {k.m, k.n, k.k, ends_with(k.name, "_wgrad"), ends_with(k.name, "_dgrad")};
+  const auto m = static_cast<std::size_t>(k.m), n = static_cast<std::size_t>(k.n),
+             kk = static_cast<std::size_t>(k.k);
+  op.input_bytes = {m * kk * kBf16, kk * n * kBf16};
+  op.output_bytes = {m * n * kBf16};
+}
+
+void plan_attention(const Kernel& k, bool bwd, OpStep& op) {
+  op.attn = attention_shape(k);
+  const auto q = static_cast<std::size_t>(op.attn.q_rows() * op.attn.head_dim) * kBf16;
+  const auto kv =
+      static_cast<std::size_t>(op.attn.groups * op.attn.kv_len * op.attn.head_dim) * kBf16;
+  const auto stats = static_cast<std::size_t>(op.attn.q_rows()) * kFp32;
+  if (bwd) {
+    op.type = OpType::kAttentionBackward;
+    // Q, K, V, O, dO, LSE  ->  dQ, dK, dV, and the row sums D = rowsum(dO * O).
+    op.input_bytes = {q, kv, kv, q, q, stats};
+    op.output_bytes = {q, kv, kv, stats};
+  } else {
+    op.type = OpType::kAttentionForward;
+    op.input_bytes = {q, kv, kv};
+    op.output_bytes = {q, stats};
+  }
+}
+
+void plan_norm(const Kernel& k, bool bwd, std::int64_t hidden, std::int64_t head_dim, OpStep& op) {
+  const bool qk = starts_with(k.name, "qk_norm");
+  op.type = bwd ? OpType::kRmsNormBackward : OpType::kRmsNorm;
+  op.elements = static_cast<std::int64_t>(to_size(k.bytes_written) / kBf16);
+  op.cols = qk ? head_dim
+               : (hidden > 0 && op.elements % hidden == 0 ? hidden : fallback_cols(op.elements));
+  op.rows = op.elements / op.cols;
+  const auto x = static_cast<std::size_t>(op.elements) * kBf16;
+  const auto w = static_cast<std::size_t>(op.cols) * kBf16;
+  op.input_bytes = bwd ? std::vector<std::size_t>{x, x, w} : std::vector<std::size_t>{x, w};
+  op.output_bytes = {x};
+}
+
+// Elementwise ops the executor has a kernel for; false for the rest (run as plain streams).
+bool plan_elementwise(const Kernel& k, std::int64_t head_dim, OpStep& op) {
+  const auto written = to_size(k.bytes_written);
+  if (starts_with(k.name, "rope")) {
+    op.type = OpType::kRope;
+    op.elements = static_cast<std::int64_t>(written / kBf16);
+    op.cols = head_dim;
+    op.rows = op.elements / std::max<std::int64_t>(1, head_dim);
+    op.input_bytes = {written};
+    op.output_bytes = {written};
+    return true;
+  }
+  if (k.name == "swiglu") {
+    op.type = OpType::kSwiglu;
+    op.elements = static_cast<std::int64_t>(written / kBf16);
+    op.input_bytes = {written, written};  // gate, up
+    op.output_bytes = {written};
+    return true;
+  }
+  if (k.name == "swiglu_bwd") {
+    op.type = OpType::kSwigluBackward;
+    op.elements = static_cast<std::int64_t>(written / (2 * kBf16));
+    const auto e = static_cast<std::size_t>(op.elements) * kBf16;
+    op.input_bytes = {e, e, e};  // gate, up, dy
+    op.output_bytes = {e, e};    // dgate, dup
+    return true;
+  }
+  if (k.name.find("residual") != std::string::npos) {
+    op.type = OpType::kAdd;
+    op.elements = static_cast<std::int64_t>(written / kBf16);
+    op.input_bytes = {written, written};
+    op.output_bytes = {written};
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 OpStep plan_op(const Kernel& k, std::int64_t hidden, std::int64_t head_dim) {
   OpStep op;
   op.name = k.name;
-  const auto written = to_size(k.bytes_written);
   const bool bwd = ends_with(k.name, "_bwd");
   switch (k.kind) {
-    case OpKind::kGemm: {
-      op.type = OpType::kGemm;
-      // The kernel graph (src/workload/kernel_graph.cc) names the backward pair of y = x W
-      // (W stored [k,n]) "<name>_dgrad", dx = dy W^T, and "<name>_wgrad", dW = x^T dy.
-      op.gemm = {k.m, k.n, k.k, ends_with(k.name, "_wgrad"), ends_with(k.name, "_dgrad")};
-      const auto m = static_cast<std::size_t>(k.m), n = static_cast<std::size_t>(k.n),
-                 kk = static_cast<std::size_t>(k.k);
-      op.input_bytes = {m * kk * kBf16, kk * n * kBf16};
-      op.output_bytes = {m * n * kBf16};
+    case OpKind::kGemm:
+      plan_gemm(k, op);
       return op;
-    }
-    case OpKind::kAttention: {
-      op.attn = attention_shape(k);
-      const auto q = static_cast<std::size_t>(op.attn.q_rows() * op.attn.head_dim) * kBf16;
-      const auto kv =
-          static_cast<std::size_t>(op.attn.groups * op.attn.kv_len * op.attn.head_dim) * kBf16;
-      const auto stats = static_cast<std::size_t>(op.attn.q_rows()) * kFp32;
-      if (bwd) {
-        op.type = OpType::kAttentionBackward;
-        // Q, K, V, O, dO, LSE  ->  dQ, dK, dV, and the row sums D = rowsum(dO * O).
-        op.input_bytes = {q, kv, kv, q, q, stats};
-        op.output_bytes = {q, kv, kv, stats};
-      } else {
-        op.type = OpType::kAttentionForward;
-        op.input_bytes = {q, kv, kv};
-        op.output_bytes = {q, stats};
-      }
+    case OpKind::kAttention:
+      plan_attention(k, bwd, op);
       return op;
-    }
-    case OpKind::kNorm: {
-      const bool qk = starts_with(k.name, "qk_norm");
-      op.type = bwd ? OpType::kRmsNormBackward : OpType::kRmsNorm;
-      op.elements = static_cast<std::int64_t>(written / kBf16);
-      op.cols =
-          qk ? head_dim
-             : (hidden > 0 && op.elements % hidden == 0 ? hidden : fallback_cols(op.elements));
-      op.rows = op.elements / op.cols;
-      const auto x = static_cast<std::size_t>(op.elements) * kBf16;
-      const auto w = static_cast<std::size_t>(op.cols) * kBf16;
-      op.input_bytes = bwd ? std::vector<std::size_t>{x, x, w} : std::vector<std::size_t>{x, w};
-      op.output_bytes = {x};
+    case OpKind::kNorm:
+      plan_norm(k, bwd, hidden, head_dim, op);
       return op;
-    }
-    case OpKind::kElementwise: {
-      if (starts_with(k.name, "rope")) {
-        op.type = OpType::kRope;
-        op.elements = static_cast<std::int64_t>(written / kBf16);
-        op.cols = head_dim;
-        op.rows = op.elements / std::max<std::int64_t>(1, head_dim);
-        op.input_bytes = {written};
-        op.output_bytes = {written};
-        return op;
-      }
-      if (k.name == "swiglu") {
-        op.type = OpType::kSwiglu;
-        op.elements = static_cast<std::int64_t>(written / kBf16);
-        op.input_bytes = {written, written};  // gate, up
-        op.output_bytes = {written};
-        return op;
-      }
-      if (k.name == "swiglu_bwd") {
-        op.type = OpType::kSwigluBackward;
-        op.elements = static_cast<std::int64_t>(written / (2 * kBf16));
-        const auto e = static_cast<std::size_t>(op.elements) * kBf16;
-        op.input_bytes = {e, e, e};  // gate, up, dy
-        op.output_bytes = {e, e};    // dgate, dup
-        return op;
-      }
-      if (k.name.find("residual") != std::string::npos) {
-        op.type = OpType::kAdd;
-        op.elements = static_cast<std::int64_t>(written / kBf16);
-        op.input_bytes = {written, written};
-        op.output_bytes = {written};
-        return op;
-      }
+    case OpKind::kElementwise:
+      if (plan_elementwise(k, head_dim, op)) return op;
       break;
-    }
     case OpKind::kCollective:
       op.type = OpType::kCollective;
       op.collective = collective_step(k);
@@ -279,7 +296,7 @@ OpStep plan_op(const Kernel& k, std::int64_t hidden, std::int64_t head_dim) {
   }
   op.type = OpType::kStream;
   op.input_bytes = {to_size(k.bytes_read)};
-  op.output_bytes = {written};
+  op.output_bytes = {to_size(k.bytes_written)};
   return op;
 }
 

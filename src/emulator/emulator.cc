@@ -22,44 +22,59 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
+#include <utility>
 
 #include "kareus/error.h"
 
 namespace kareus {
 
+namespace {
+
+// The calibrated parameters by name (calibration files, fingerprints), one table for both the
+// mutable and the const view.
+constexpr std::pair<const char*, double EmulatorParams::*> kParamFields[] = {
+    {"gemm_best_efficiency", &EmulatorParams::gemm_best_efficiency},
+    {"attn_fwd_best_efficiency", &EmulatorParams::attn_fwd_best_efficiency},
+    {"attn_bwd_best_efficiency", &EmulatorParams::attn_bwd_best_efficiency},
+    {"achieved_fraction", &EmulatorParams::achieved_fraction},
+    {"gemm_tile_m", &EmulatorParams::gemm_tile_m},
+    {"gemm_tile_n", &EmulatorParams::gemm_tile_n},
+    {"gemm_k_half", &EmulatorParams::gemm_k_half},
+    {"attn_tile_q", &EmulatorParams::attn_tile_q},
+    {"cuda_core_fraction", &EmulatorParams::cuda_core_fraction},
+    {"launch_overhead_s", &EmulatorParams::launch_overhead_s},
+    {"hbm_efficiency", &EmulatorParams::hbm_efficiency},
+    {"hbm_clock_sensitivity", &EmulatorParams::hbm_clock_sensitivity},
+    {"hbm_saturation_sm_fraction", &EmulatorParams::hbm_saturation_sm_fraction},
+    {"nccl_sms_to_saturate", &EmulatorParams::nccl_sms_to_saturate},
+    {"collective_latency_s", &EmulatorParams::collective_latency_s},
+    {"collective_hbm_factor", &EmulatorParams::collective_hbm_factor},
+    {"internode_efficiency", &EmulatorParams::internode_efficiency},
+    {"overlap_slowdown", &EmulatorParams::overlap_slowdown},
+    {"sm_power_w", &EmulatorParams::sm_power_w},
+    {"voltage_ratio", &EmulatorParams::voltage_ratio},
+    {"voltage_knee_mhz", &EmulatorParams::voltage_knee_mhz},
+    {"idle_activity", &EmulatorParams::idle_activity},
+    {"collective_activity", &EmulatorParams::collective_activity},
+    {"hbm_pj_per_bit", &EmulatorParams::hbm_pj_per_bit},
+    {"link_pj_per_bit", &EmulatorParams::link_pj_per_bit},
+};
+
+}  // namespace
+
 std::map<std::string, double*> EmulatorParams::fields() {
-  return {{"gemm_best_efficiency", &gemm_best_efficiency},
-          {"attn_fwd_best_efficiency", &attn_fwd_best_efficiency},
-          {"attn_bwd_best_efficiency", &attn_bwd_best_efficiency},
-          {"achieved_fraction", &achieved_fraction},
-          {"gemm_tile_m", &gemm_tile_m},
-          {"gemm_tile_n", &gemm_tile_n},
-          {"gemm_k_half", &gemm_k_half},
-          {"attn_tile_q", &attn_tile_q},
-          {"cuda_core_fraction", &cuda_core_fraction},
-          {"launch_overhead_s", &launch_overhead_s},
-          {"hbm_efficiency", &hbm_efficiency},
-          {"hbm_clock_sensitivity", &hbm_clock_sensitivity},
-          {"hbm_saturation_sm_fraction", &hbm_saturation_sm_fraction},
-          {"nccl_sms_to_saturate", &nccl_sms_to_saturate},
-          {"collective_latency_s", &collective_latency_s},
-          {"collective_hbm_factor", &collective_hbm_factor},
-          {"internode_efficiency", &internode_efficiency},
-          {"overlap_slowdown", &overlap_slowdown},
-          {"sm_power_w", &sm_power_w},
-          {"voltage_ratio", &voltage_ratio},
-          {"voltage_knee_mhz", &voltage_knee_mhz},
-          {"idle_activity", &idle_activity},
-          {"collective_activity", &collective_activity},
-          {"hbm_pj_per_bit", &hbm_pj_per_bit},
-          {"link_pj_per_bit", &link_pj_per_bit}};
+  std::map<std::string, double*> out;
+  for (const auto& [name, member] : kParamFields) out[name] = &(this->*member);
+  return out;
 }
 
 std::string EmulatorParams::to_string() const {
+  // Sorted by name, as fields() is: the string feeds fingerprints stored in profile databases.
+  std::map<std::string, double> values;
+  for (const auto& [name, member] : kParamFields) values[name] = this->*member;
   std::string s;
-  for (const auto& [name, ptr] : const_cast<EmulatorParams*>(this)->fields()) {
-    s += fmt::format("{}={:.9g};", name, *ptr);
-  }
+  for (const auto& [name, value] : values) s += fmt::format("{}={:.9g};", name, value);
   return s;
 }
 

@@ -69,8 +69,8 @@ Measurement EmulatorProfiler::measure(const Partition& p, const PartitionConfig&
 }
 
 Measurement EmulatorProfiler::measure_segment(const Segment& s, int freq_mhz) {
-  int sms = model_.gpu().nccl_default_channels;
-  const SimResult r = model_.simulate_sequence(s.kernels, freq_mhz, sms);
+  const SimResult r =
+      model_.simulate_sequence(s.kernels, freq_mhz, model_.gpu().segment_collective_sms());
   return finish(r.time_s, r.dynamic_energy_j,
                 fmt::format("segment|{}|{}|{}|{}", s.name, s.stage, s.instruction, freq_mhz));
 }

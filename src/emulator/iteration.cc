@@ -16,6 +16,7 @@
 // optimizer step, which the plan does not cover.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 
 #include "kareus/emulator.h"
@@ -47,7 +48,7 @@ InstructionCost emulate_instruction(const PartitionSet& ps, const EmulatorModel&
                                     const InstructionSettings& s) {
   InstructionCost cost;
   const auto& is = ps.instruction(stage, kind);
-  const int default_sms = m.gpu().nccl_default_channels;
+  const int default_sms = m.gpu().segment_collective_sms();
   std::map<std::string, int> seen;  // occurrences of each partition so far
   for (const auto& step : is.steps) {
     SimResult r;
@@ -88,10 +89,124 @@ InstructionCost emulate_instruction(const PartitionSet& ps, const EmulatorModel&
   return cost;
 }
 
-IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, ExecutionMode mode,
-                                  const SettingsFn& settings) {
-  return emulate_iteration(w, m, mode, settings, m.gpu().clock_switch_s);
-}
+namespace {
+
+// Instruction costs, memoized per distinct settings: 1F1B repeats the same few instructions.
+class CostMemo {
+ public:
+  CostMemo(const PartitionSet& ps, const EmulatorModel& m, ExecutionMode mode)
+      : ps_(ps), m_(m), mode_(mode) {}
+
+  const InstructionCost& operator()(int s, InstructionKind k, const InstructionSettings& st) {
+    std::string key = fmt::format("{}|{}|{}", s, static_cast<int>(k), st.freq_mhz);
+    for (const auto& [pk, c] : st.partitions) key += fmt::format("|{}:{}:{}", pk, c.sms, c.slot);
+    for (const auto& [pk, shares] : st.mixes) {
+      for (const auto& sh : shares) {
+        key += fmt::format("|{}:{}:{}x{}", pk, sh.config.sms, sh.config.slot, sh.instances);
+      }
+    }
+    auto it = memo_.find(key);
+    if (it == memo_.end()) {
+      it = memo_.emplace(key, emulate_instruction(ps_, m_, mode_, s, k, st)).first;
+    }
+    return it->second;
+  }
+
+ private:
+  const PartitionSet& ps_;
+  const EmulatorModel& m_;
+  ExecutionMode mode_;
+  std::map<std::string, InstructionCost> memo_;
+};
+
+// One stage's progress through its 1F1B order.
+struct StageState {
+  std::vector<std::pair<InstructionKind, int>> order;
+  std::size_t next = 0;            ///< index into order of the next instruction
+  std::vector<double> fend, bend;  ///< end of F/B per micro-batch, -1 while not yet scheduled
+  double clock = 0, dyn = 0, busy = 0;
+  int last_freq = 0, changes = 0;
+  std::vector<InstructionTiming> timing;
+};
+
+// The 1F1B replay of every stage: instructions run as soon as their inputs have arrived.
+class Replay {
+ public:
+  Replay(int pp, int mbs, double p2p_t, double p2p_e, double clock_switch_s)
+      : stages_(static_cast<std::size_t>(pp)),
+        p2p_t_(p2p_t),
+        p2p_e_(p2p_e),
+        clock_switch_s_(clock_switch_s) {
+    for (int s = 0; s < pp; ++s) {
+      auto& st = stages_[static_cast<std::size_t>(s)];
+      st.order = one_f_one_b_order(s, pp, mbs);
+      st.fend.assign(static_cast<std::size_t>(mbs), -1);
+      st.bend.assign(static_cast<std::size_t>(mbs), -1);
+    }
+  }
+
+  // Runs every stage until all are done; throws InternalError if the schedule deadlocks.
+  std::vector<StageState>& run(const SettingsFn& settings, CostMemo& cost) {
+    bool progress = true;
+    while (progress) {
+      progress = false;
+      for (std::size_t s = 0; s < stages_.size(); ++s) progress |= advance(s, settings, cost);
+    }
+    for (const auto& st : stages_) {
+      if (st.next != st.order.size()) throw InternalError("1F1B schedule deadlocked");
+    }
+    return stages_;
+  }
+
+ private:
+  // When the inputs of stage s's next instruction are ready, or -1 while they are not.
+  double ready_time(std::size_t s) const {
+    const StageState& st = stages_[s];
+    const auto [kind, mb] = st.order[st.next];
+    const auto m = static_cast<std::size_t>(mb);
+    if (kind == InstructionKind::kForward && s > 0) {
+      const double prev = stages_[s - 1].fend[m];
+      return prev < 0 ? -1 : std::max(st.clock, prev + p2p_t_);
+    }
+    if (kind == InstructionKind::kBackward && s + 1 < stages_.size()) {
+      const double prev = stages_[s + 1].bend[m];
+      return prev < 0 ? -1 : std::max(st.clock, prev + p2p_t_);
+    }
+    return st.clock;
+  }
+
+  // Runs stage s's instructions until one waits for another stage; true if any ran.
+  bool advance(std::size_t s, const SettingsFn& settings, CostMemo& cost) {
+    StageState& st = stages_[s];
+    bool progress = false;
+    while (st.next < st.order.size()) {
+      const double ready = ready_time(s);
+      if (ready < 0) break;
+      const auto [kind, mb] = st.order[st.next];
+      const InstructionSettings set = settings(static_cast<int>(s), kind, mb);
+      const InstructionCost& c = cost(static_cast<int>(s), kind, set);
+      const bool switches = st.last_freq != 0 && set.freq_mhz != st.last_freq;
+      st.last_freq = set.freq_mhz;
+      if (switches) ++st.changes;
+      const double end = ready + (switches ? clock_switch_s_ : 0.0) + c.time_s;
+      st.timing.push_back({kind, mb, set.freq_mhz, ready, end, switches});
+      (kind == InstructionKind::kForward ? st.fend : st.bend)[static_cast<std::size_t>(mb)] = end;
+      st.clock = end;
+      st.dyn += c.dynamic_energy_j;
+      st.busy += c.time_s;
+      const bool sends = kind == InstructionKind::kForward ? s + 1 < stages_.size() : s > 0;
+      if (sends) st.dyn += p2p_e_;
+      ++st.next;
+      progress = true;
+    }
+    return progress;
+  }
+
+  std::vector<StageState> stages_;
+  double p2p_t_, p2p_e_, clock_switch_s_;
+};
+
+}  // namespace
 
 IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, ExecutionMode mode,
                                   const SettingsFn& settings, double clock_switch_s) {
@@ -102,99 +217,42 @@ IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, Exe
   if (mode == ExecutionMode::kSequential) wl.batch.nano_batches = 1;
   const PartitionSet ps = partition_workload(wl);
   const int pp = w.parallel.pp;
-  const int mbs = w.batch.micro_batches;
-  // Messages between stages and once-per-iteration reductions run at the maximum clock with
-  // NCCL's default CTAs, as the planner assumes (src/plan/planner.cc).
-  const int fmax = m.gpu().max_freq_mhz, sms = m.gpu().nccl_default_channels;
+  // Messages between stages and once-per-iteration reductions: the settings the planner assumes.
+  const int fmax = m.gpu().p2p_reduction_freq_mhz(), sms = m.gpu().segment_collective_sms();
   const SimResult p2p = pp > 1 ? m.simulate_sequence({ps.graph.p2p}, fmax, sms) : SimResult{};
-  const double p2p_t = p2p.time_s, p2p_e = p2p.dynamic_energy_j;
-
-  // Instruction costs, memoized per distinct settings.
-  std::map<std::string, InstructionCost> memo;
-  auto cost_of = [&](int s, InstructionKind k, const InstructionSettings& st) {
-    std::string key = fmt::format("{}|{}|{}", s, static_cast<int>(k), st.freq_mhz);
-    for (const auto& [pk, c] : st.partitions) key += fmt::format("|{}:{}:{}", pk, c.sms, c.slot);
-    for (const auto& [pk, shares] : st.mixes) {
-      for (const auto& sh : shares) {
-        key += fmt::format("|{}:{}:{}x{}", pk, sh.config.sms, sh.config.slot, sh.instances);
-      }
-    }
-    auto it = memo.find(key);
-    if (it == memo.end()) it = memo.emplace(key, emulate_instruction(ps, m, mode, s, k, st)).first;
-    return it->second;
-  };
-
-  std::vector<std::vector<std::pair<InstructionKind, int>>> order(static_cast<std::size_t>(pp));
-  for (int s = 0; s < pp; ++s) order[static_cast<std::size_t>(s)] = one_f_one_b_order(s, pp, mbs);
-  // end[s][kind][mb], -1 while not yet scheduled.
-  std::vector<std::vector<double>> fend(pp, std::vector<double>(mbs, -1)),
-      bend(pp, std::vector<double>(mbs, -1));
-  std::vector<std::size_t> next(pp, 0);
-  std::vector<double> clock(pp, 0.0), dyn(pp, 0.0), busy(pp, 0.0);
-  std::vector<int> last_freq(pp, 0), changes(pp, 0);
-  std::vector<std::vector<InstructionTiming>> timing(static_cast<std::size_t>(pp));
-  bool progress = true;
-  while (progress) {
-    progress = false;
-    for (int s = 0; s < pp; ++s) {
-      auto& ns = next[static_cast<std::size_t>(s)];
-      const auto& ord = order[static_cast<std::size_t>(s)];
-      while (ns < ord.size()) {
-        const auto [kind, mb] = ord[ns];
-        double ready = clock[s];
-        if (kind == InstructionKind::kForward && s > 0) {
-          if (fend[s - 1][mb] < 0) break;
-          ready = std::max(ready, fend[s - 1][mb] + p2p_t);
-        }
-        if (kind == InstructionKind::kBackward && s < pp - 1) {
-          if (bend[s + 1][mb] < 0) break;
-          ready = std::max(ready, bend[s + 1][mb] + p2p_t);
-        }
-        const InstructionSettings st = settings(s, kind, mb);
-        const InstructionCost c = cost_of(s, kind, st);
-        const bool switches = last_freq[s] != 0 && st.freq_mhz != last_freq[s];
-        last_freq[s] = st.freq_mhz;
-        if (switches) ++changes[s];
-        const double end = ready + (switches ? clock_switch_s : 0.0) + c.time_s;
-        timing[static_cast<std::size_t>(s)].push_back(
-            {kind, mb, st.freq_mhz, ready, end, switches});
-        (kind == InstructionKind::kForward ? fend : bend)[s][mb] = end;
-        clock[s] = end;
-        dyn[s] += c.dynamic_energy_j;
-        busy[s] += c.time_s;
-        const bool sends = kind == InstructionKind::kForward ? s < pp - 1 : s > 0;
-        if (sends) dyn[s] += p2p_e;
-        ++ns;
-        progress = true;
-      }
-    }
-  }
-  for (int s = 0; s < pp; ++s) {
-    if (next[s] != order[s].size()) throw InternalError("1F1B schedule deadlocked");
-  }
+  CostMemo cost(ps, m, mode);
+  Replay replay(pp, w.batch.micro_batches, p2p.time_s, p2p.dynamic_energy_j, clock_switch_s);
+  std::vector<StageState>& stages = replay.run(settings, cost);
   // Once-per-iteration reductions after the last backward (DP gradients, tied embeddings).
   for (int idx : ps.iteration_segments) {
     const auto& seg = ps.segments[static_cast<std::size_t>(idx)];
     const SimResult r = m.simulate_sequence(seg.kernels, fmax, sms);
-    clock[seg.stage] += r.time_s;
-    dyn[seg.stage] += r.dynamic_energy_j;
-    busy[seg.stage] += r.time_s;
+    auto& st = stages[static_cast<std::size_t>(seg.stage)];
+    st.clock += r.time_s;
+    st.dyn += r.dynamic_energy_j;
+    st.busy += r.time_s;
   }
   IterationResult res;
-  for (int s = 0; s < pp; ++s) res.iteration_time_s = std::max(res.iteration_time_s, clock[s]);
-  const double gpus_per_stage = static_cast<double>(w.parallel.tp) * w.parallel.cp * w.parallel.dp;
+  for (const auto& st : stages) res.iteration_time_s = std::max(res.iteration_time_s, st.clock);
+  const double gpus_per_stage = w.parallel.gpus_per_stage();
   for (int s = 0; s < pp; ++s) {
+    auto& st = stages[static_cast<std::size_t>(s)];
     StageResult sr;
     sr.stage = s;
-    sr.dynamic_energy_j_per_gpu = dyn[s];
-    sr.energy_j_per_gpu = dyn[s] + m.gpu().static_power_w * res.iteration_time_s;
-    sr.busy_time_s = busy[s];
-    sr.clock_changes = changes[s];
-    sr.instructions = std::move(timing[static_cast<std::size_t>(s)]);
+    sr.dynamic_energy_j_per_gpu = st.dyn;
+    sr.energy_j_per_gpu = st.dyn + m.gpu().static_power_w * res.iteration_time_s;
+    sr.busy_time_s = st.busy;
+    sr.clock_changes = st.changes;
+    sr.instructions = std::move(st.timing);
     res.energy_j += sr.energy_j_per_gpu * gpus_per_stage;
     res.stages.push_back(sr);
   }
   return res;
+}
+
+IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, ExecutionMode mode,
+                                  const SettingsFn& settings) {
+  return emulate_iteration(w, m, mode, settings, m.gpu().clock_switch_s);
 }
 
 IterationResult emulate_schedule(const Workload& w, const EmulatorModel& m,
@@ -202,14 +260,18 @@ IterationResult emulate_schedule(const Workload& w, const EmulatorModel& m,
   InstructionSettings st;
   st.freq_mhz = freq_mhz;
   auto fn = [st](int, InstructionKind, int) { return st; };
-  if (schedule == "megatron") return emulate_iteration(w, m, ExecutionMode::kSequential, fn);
-  if (schedule == "nanobatch") {
-    if (w.batch.nano_batches != 2) {
-      throw InvalidInput("schedule 'nanobatch' needs batch.nano_batches: 2 in the workload");
-    }
-    return emulate_iteration(w, m, ExecutionMode::kOverlapped, fn);
+  // The schedules by name: Megatron-LM's sequential one, and nano-batch overlap.
+  static const std::map<std::string, ExecutionMode> kSchedules = {
+      {"megatron", ExecutionMode::kSequential}, {"nanobatch", ExecutionMode::kOverlapped}};
+  const auto it = kSchedules.find(schedule);
+  if (it == kSchedules.end()) {
+    throw InvalidInput(
+        fmt::format("unknown schedule '{}'; allowed: megatron, nanobatch", schedule));
   }
-  throw InvalidInput(fmt::format("unknown schedule '{}'; allowed: megatron, nanobatch", schedule));
+  if (it->second == ExecutionMode::kOverlapped && w.batch.nano_batches != 2) {
+    throw InvalidInput("schedule 'nanobatch' needs batch.nano_batches: 2 in the workload");
+  }
+  return emulate_iteration(w, m, it->second, fn);
 }
 
 }  // namespace kareus

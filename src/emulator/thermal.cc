@@ -86,10 +86,8 @@ ThermalTarget::ThermalTarget(const EmulatorModel& model, const Partition& partit
   t_.validate(model.gpu().static_power_w);
   if (o.gpus < 1)
     throw InvalidInput(fmt::format("thermal target: gpus must be >= 1, got {}", o.gpus));
-  if (!model.gpu().supports_freq(config.freq_mhz)) {
-    throw InvalidInput(fmt::format("thermal target: {} does not support {} MHz", model.gpu().name,
-                                   config.freq_mhz));
-  }
+  model.gpu().require_freq(config.freq_mhz,
+                           fmt::format("thermal target: clock {} MHz", config.freq_mhz));
 }
 
 const SimResult& ThermalTarget::at_clock(int freq_mhz) {

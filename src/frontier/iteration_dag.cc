@@ -1,3 +1,7 @@
+// The iteration DAG in activity-on-node form, as Perseus (Chung et al., SOSP '24) builds it: one
+// node per pipeline instruction, message and reduction, an edge where one must end before the
+// next starts. A choice of one option per node has a makespan (longest path, Kahn's topological
+// order) and an energy (dynamic energies plus static power over the makespan).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -7,6 +11,24 @@
 #include "kareus/frontier.h"
 
 namespace kareus {
+
+const char* to_string(DagNodeKind k) {
+  switch (k) {
+    case DagNodeKind::kForward:
+      return "forward";
+    case DagNodeKind::kBackward:
+      return "backward";
+    case DagNodeKind::kP2p:
+      return "p2p";
+    case DagNodeKind::kIteration:
+      return "iteration";
+  }
+  return "?";
+}
+
+DagNodeKind dag_node_kind(InstructionKind k) {
+  return k == InstructionKind::kForward ? DagNodeKind::kForward : DagNodeKind::kBackward;
+}
 
 std::vector<int> IterationDag::topological_order() const {
   const std::size_t n = nodes.size();

@@ -5,10 +5,22 @@
 // at its slowest option, each iteration takes the critical sub-network (zero float), gives each
 // critical arc a flow upper bound (energy added by shortening it one time unit; infinite when
 // it cannot be shortened) and lower bound (energy saved by lengthening it one unit; 0 when it
-// cannot), and finds a minimum cut by a maximum flow with lower bounds (Boost.Graph push-relabel,
-// twice: once for a feasible flow, once to maximize it). Arcs crossing the cut forward are
-// shortened by one unit, arcs crossing it backward lengthened, which shortens the project by one
-// unit at the least energy.
+// cannot), and finds a minimum cut by a maximum flow with lower bounds (twice: once for a
+// feasible flow, once to maximize it). Arcs crossing the cut forward are shortened by one unit,
+// arcs crossing it backward lengthened, which shortens the project by one unit at the least
+// energy.
+//
+// Cost per iteration. Every step is linear in the network except the maximum flow: the
+// schedule, the critical arcs and the recorded point are passes over arrays allocated once, the
+// flow network is a compressed-sparse-row graph rebuilt in place, and the maximum flow is
+// Dinic's algorithm (Dinic, Soviet Math. Doklady 1970) on it; on these networks (few disjoint
+// cheap paths, long critical chains) it needs a handful of phases, each a linear BFS and DFS.
+// The cut is the set of vertices reachable from the source in the residual network of a
+// maximum flow, which is the same for every maximum flow (the minimal minimum cut), so the
+// frontier does not depend on the flow algorithm. A network identical to the previous
+// iteration's (same critical arcs, same bounds) has the same cut, which is reused. Recorded
+// points go into a running Pareto archive, so memory stays at the frontier's size instead of
+// one choice vector per iteration.
 //
 // Where it is exact and where it is not:
 // - Exact (for every integer deadline) on the convex relaxation: each activity's cost is the lower
@@ -24,13 +36,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <boost/graph/compressed_sparse_row_graph.hpp>
-#include <boost/graph/push_relabel_max_flow.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <ctime>
+#include <functional>
 #include <limits>
-#include <optional>
 
 #include "kareus/error.h"
 #include "kareus/frontier.h"
@@ -39,94 +50,111 @@
 namespace kareus {
 namespace {
 
-// A flow network in compressed sparse row form, rebuilt for every cut from an edge list: one
-// allocation per array instead of one per edge, and only the critical arcs' vertices.
-struct FlowEdge {
-  std::size_t id = 0;  ///< insertion order; edge 2k and 2k+1 are each other's reverse
-};
-using FlowGraph =
-    boost::compressed_sparse_row_graph<boost::directedS, boost::no_property, FlowEdge>;
-using Edge = boost::graph_traits<FlowGraph>::edge_descriptor;
-
 constexpr double kInf = 1e12;
 
-// Capacities are integers (nano-joules): push-relabel's conservation checks and the feasibility
-// test are exact, and no flow is lost to rounding. 1e12 J of "infinity" still fits in 64 bits.
+// Capacities are integers (micro-joules): conservation and the feasibility test are exact, and
+// no flow is lost to rounding.
 constexpr double kUnitsPerJoule = 1e6;
 using Units = std::int64_t;
+// "Infinite" capacity (17.6 MJ per time unit): larger than any finite cut (sums of per-unit
+// energies), small enough that a flow of half a million such augmentations fits in 64 bits.
+constexpr Units kInfUnits = Units{1} << 44;
 inline Units to_units(double joules) {
-  return static_cast<Units>(std::llround(std::min(joules, kInf) * kUnitsPerJoule));
+  return static_cast<Units>(std::llround(std::clamp(joules, 0.0, kInf) * kUnitsPerJoule));
 }
 
-class Flow {
+// The solver refuses units that would need more iterations than this (each iteration shortens
+// the makespan by at least one unit): a too fine --unit would otherwise run for hours.
+constexpr long kMaxIterations = 200000;
+
+// Maximum flow by Dinic's algorithm on a compressed-sparse-row residual graph. Arc 2k is the
+// k-th added arc and 2k+1 its reverse; a pair carries the residual capacities of both
+// directions, so an arc whose flow may also decrease (down to its lower bound) is one pair.
+// All storage is kept between networks.
+class MaxFlow {
  public:
-  /// Adds u -> v with `cap` and its reverse with 0; returns the edge's id.
-  std::size_t add(std::size_t u, std::size_t v, double cap_j) {
-    const std::size_t id = ends_.size();
-    ends_.push_back({u, v});
-    ids_.push_back({id});
-    caps_.push_back(to_units(std::max(0.0, cap_j)));
-    ends_.push_back({v, u});
-    ids_.push_back({id + 1});
-    caps_.push_back(0);
+  void reset(std::size_t vertices) {
+    n_ = vertices;
+    from_.clear();
+    to_.clear();
+    cap_.clear();
+  }
+  /// Adds u -> v with residual capacity `cap` and v -> u with `back`; returns the arc's id.
+  std::size_t add(std::size_t u, std::size_t v, Units cap, Units back = 0) {
+    const std::size_t id = from_.size();
+    from_.insert(from_.end(), {u, v});
+    to_.insert(to_.end(), {v, u});
+    cap_.insert(cap_.end(), {std::max<Units>(0, cap), std::max<Units>(0, back)});
     return id;
   }
-  /// Capacity of edge `id` in units, as added.
-  Units capacity(std::size_t id) const { return caps_[id]; }
-  /// Builds the graph over vertices 0..n-1 and runs the maximum flow from s to t.
-  Units max_flow(std::size_t n, std::size_t s, std::size_t t) {
-    g_ = FlowGraph(boost::edges_are_unsorted_multi_pass, ends_.begin(), ends_.end(), ids_.begin(),
-                   n);
-    const auto eindex = boost::get(boost::edge_index, g_);
-    const std::size_t m = ends_.size();
-    at_.assign(m, 0);  // insertion id -> CSR edge index
-    std::vector<Edge> by_index(m);
-    for (auto [it, end] = boost::edges(g_); it != end; ++it) {
-      at_[g_[*it].id] = (*it).idx;
-      by_index[(*it).idx] = *it;
+  /// Net flow added from u to v on arc `id` (negative: flow taken back).
+  Units flow(std::size_t id) const { return cap_[id] - res_[id]; }
+
+  /// The maximum flow from s to t, or a value >= kInfUnits / 2 as soon as it reaches that.
+  Units run(std::size_t s, std::size_t t) {
+    build_csr();
+    res_ = cap_;
+    Units total = 0;
+    while (total < kInfUnits / 2 && levels(s, t)) {
+      cur_.assign(first_.begin(), first_.end() - 1);
+      while (total < kInfUnits / 2) {
+        const Units f = augment(s, t, kInfUnits);
+        if (f == 0) break;
+        total += f;
+      }
     }
-    cap_.assign(m, 0);
-    res_.assign(m, 0);
-    rev_.assign(m, Edge());
-    for (std::size_t k = 0; k < m; ++k) {
-      cap_[at_[k]] = caps_[k];
-      rev_[at_[k]] = by_index[at_[k ^ 1]];
-    }
-    const auto vindex = boost::get(boost::vertex_index, g_);
-    return boost::push_relabel_max_flow(
-        g_, s, t, boost::make_iterator_property_map(cap_.begin(), eindex),
-        boost::make_iterator_property_map(res_.begin(), eindex),
-        boost::make_iterator_property_map(rev_.begin(), eindex), vindex);
+    return total;
   }
-  double flow(std::size_t id) const {
-    return static_cast<double>(cap_[at_[id]] - res_[at_[id]]) / kUnitsPerJoule;
+  /// Whether v is reachable from s through arcs with residual capacity, after a run() that
+  /// returned a finite flow: its last BFS, the one that no longer reached t, marked them.
+  bool reachable(std::size_t v) const { return level_[v] >= 0; }
+
+ private:
+  void build_csr() {
+    first_.assign(n_ + 1, 0);
+    for (std::size_t u : from_) ++first_[u + 1];
+    for (std::size_t v = 0; v < n_; ++v) first_[v + 1] += first_[v];
+    adj_.resize(from_.size());
+    cur_.assign(first_.begin(), first_.end() - 1);
+    for (std::size_t a = 0; a < from_.size(); ++a) adj_[cur_[from_[a]]++] = a;
   }
-  /// Vertices reachable from s through edges with residual capacity (after max_flow).
-  std::vector<bool> reachable(std::size_t s) const {
-    std::vector<bool> seen(boost::num_vertices(g_), false);
-    std::vector<std::size_t> stack = {s};
-    seen[s] = true;
-    while (!stack.empty()) {
-      const std::size_t u = stack.back();
-      stack.pop_back();
-      for (auto [it, end] = boost::out_edges(u, g_); it != end; ++it) {
-        const std::size_t v = boost::target(*it, g_);
-        if (!seen[v] && res_[(*it).idx] > 0) {
-          seen[v] = true;
-          stack.push_back(v);
+  // BFS levels from s over residual arcs; false when t is unreachable.
+  bool levels(std::size_t s, std::size_t t) {
+    level_.assign(n_, -1);
+    level_[s] = 0;
+    queue_.assign(1, s);
+    for (std::size_t h = 0; h < queue_.size() && level_[t] < 0; ++h) {
+      const std::size_t u = queue_[h];
+      for (std::size_t k = first_[u]; k < first_[u + 1]; ++k) {
+        const std::size_t a = adj_[k];
+        if (res_[a] > 0 && level_[to_[a]] < 0) {
+          level_[to_[a]] = level_[u] + 1;
+          queue_.push_back(to_[a]);
         }
       }
     }
-    return seen;
+    return level_[t] >= 0;
+  }
+  // One augmenting path in the level graph (depth-first with current-arc pointers, so every
+  // arc is skipped at most once per phase); returns the flow pushed along it.
+  Units augment(std::size_t u, std::size_t t, Units limit) {
+    if (u == t) return limit;
+    for (std::size_t& k = cur_[u]; k < first_[u + 1]; ++k) {
+      const std::size_t a = adj_[k], v = to_[a];
+      if (res_[a] <= 0 || level_[v] != level_[u] + 1) continue;
+      if (const Units f = augment(v, t, std::min(limit, res_[a]))) {
+        res_[a] -= f;
+        res_[a ^ 1] += f;
+        return f;
+      }
+    }
+    return 0;
   }
 
- private:
-  std::vector<std::pair<std::size_t, std::size_t>> ends_;
-  std::vector<FlowEdge> ids_;
-  std::vector<Units> caps_, cap_, res_;
-  std::vector<std::size_t> at_;
-  FlowGraph g_;
-  std::vector<Edge> rev_;
+  std::size_t n_ = 0;
+  std::vector<std::size_t> from_, to_, first_, adj_, cur_, queue_;
+  std::vector<Units> cap_, res_;
+  std::vector<long> level_;
 };
 
 // An activity's quantized options and the convex envelope of its cost.
@@ -152,24 +180,15 @@ struct Activity {
   std::vector<long> stair_q;
   std::vector<double> stair_t;
 
-  /// The cheapest real option whose quantized duration fits in d (the fastest if none fits).
-  int snap(long d) const {
+  /// The staircase step of the cheapest real option whose quantized duration fits in d (the
+  /// fastest if none fits).
+  std::size_t snap_step(long d) const {
     const auto it = std::upper_bound(stair_q.begin(), stair_q.end(), d);
-    return stair[it == stair_q.begin() ? 0 : static_cast<std::size_t>(it - stair_q.begin()) - 1];
-  }
-  /// The cheapest real option that takes at most `budget_s` (-1 if none does).
-  int cheapest_within(double budget_s) const {
-    const auto it = std::upper_bound(stair_t.begin(), stair_t.end(), budget_s);
-    return it == stair_t.begin() ? -1 : stair[static_cast<std::size_t>(it - stair_t.begin()) - 1];
+    return it == stair_q.begin() ? 0 : static_cast<std::size_t>(it - stair_q.begin()) - 1;
   }
 };
 
-Activity make_activity(const DagNode& n, double unit) {
-  Activity a;
-  // Merge options that quantize to the same duration (keep the cheaper).
-  std::vector<std::pair<long, double>> pts;
-  for (const auto& o : n.options) pts.push_back({std::lround(o.time_s / unit), o.energy_j});
-  for (const auto& pt : pts) a.q.push_back(pt.first);
+void build_staircase(const DagNode& n, Activity& a) {
   std::vector<int> order(n.options.size());
   for (std::size_t j = 0; j < order.size(); ++j) order[j] = static_cast<int>(j);
   std::sort(order.begin(), order.end(), [&](int x, int y) {
@@ -186,7 +205,12 @@ Activity make_activity(const DagNode& n, double unit) {
     a.stair_q.push_back(a.q[static_cast<std::size_t>(j)]);
     a.stair_t.push_back(o.time_s);
   }
-  std::vector<std::pair<long, double>> merged;
+}
+
+// Lower convex hull (Andrew's monotone chain) of the quantized options, cut at the cheapest
+// vertex: past it a slower duration never helps.
+void build_envelope(std::vector<std::pair<long, double>> pts, Activity& a) {
+  std::vector<std::pair<long, double>> merged;  // one point per duration (the cheaper)
   std::sort(pts.begin(), pts.end());
   for (const auto& p : pts) {
     if (!merged.empty() && merged.back().first == p.first) {
@@ -195,7 +219,6 @@ Activity make_activity(const DagNode& n, double unit) {
       merged.push_back(p);
     }
   }
-  // Lower convex hull (Andrew's monotone chain).
   std::vector<std::pair<long, double>> h;
   for (const auto& p : merged) {
     while (h.size() >= 2) {
@@ -203,15 +226,11 @@ Activity make_activity(const DagNode& n, double unit) {
       const auto& m = h.back();
       const double cross = static_cast<double>(m.first - o.first) * (p.second - o.second) -
                            (m.second - o.second) * static_cast<double>(p.first - o.first);
-      if (cross <= 0) {
-        h.pop_back();
-      } else {
-        break;
-      }
+      if (cross > 0) break;
+      h.pop_back();
     }
     h.push_back(p);
   }
-  // Past the cheapest point a slower duration never helps: the envelope ends there.
   std::size_t cheapest = 0;
   for (std::size_t j = 0; j < h.size(); ++j) {
     if (h[j].second < h[cheapest].second) cheapest = j;
@@ -223,6 +242,15 @@ Activity make_activity(const DagNode& n, double unit) {
   }
   a.dmin = a.hull_d.front();
   a.dmax = a.hull_d.back();
+}
+
+Activity make_activity(const DagNode& n, double unit) {
+  Activity a;
+  std::vector<std::pair<long, double>> pts;
+  for (const auto& o : n.options) pts.push_back({std::lround(o.time_s / unit), o.energy_j});
+  for (const auto& pt : pts) a.q.push_back(pt.first);
+  build_staircase(n, a);
+  build_envelope(std::move(pts), a);
   return a;
 }
 
@@ -230,6 +258,515 @@ struct Arc {
   std::size_t u, v;
   int activity;  ///< node id, or -1 for a dummy arc
 };
+
+// The Pareto set of the points added so far, kept time descending (the solver adds points
+// slowest first, so most additions append). Gives the same set as pareto_frontier over every
+// point added: a point is dropped when an earlier one is at least as fast and as cheap.
+class ParetoArchive {
+ public:
+  void add(FrontierPoint p) {
+    // First point with time <= p's (the cheapest among those, since energy rises with speed).
+    auto it = std::lower_bound(pts_.begin(), pts_.end(), p.time_s,
+                               [](const FrontierPoint& a, double t) { return a.time_s > t; });
+    if (it != pts_.end() && it->energy_j <= p.energy_j) return;
+    // Points no faster and no cheaper than p, just before `it`, leave.
+    auto first = it, last = it;
+    while (first != pts_.begin() && std::prev(first)->energy_j >= p.energy_j) --first;
+    if (last != pts_.end() && last->time_s == p.time_s) ++last;  // as fast, dearer
+    it = pts_.erase(first, last);
+    pts_.insert(it, std::move(p));
+  }
+  /// Whether add() would drop a point with these numbers.
+  bool dominated(double time_s, double energy_j) const {
+    auto it = std::lower_bound(pts_.begin(), pts_.end(), time_s,
+                               [](const FrontierPoint& a, double t) { return a.time_s > t; });
+    return it != pts_.end() && it->energy_j <= energy_j;
+  }
+  /// The set, fastest first.
+  std::vector<FrontierPoint> take() {
+    std::reverse(pts_.begin(), pts_.end());
+    return std::move(pts_);
+  }
+
+ private:
+  std::vector<FrontierPoint> pts_;
+};
+
+class Solver {
+ public:
+  Solver(const IterationDag& dag, double unit_s, bool warm);
+  using ProgressFn = std::function<void(std::size_t, std::size_t)>;
+  std::vector<FrontierPoint> run(const ProgressFn& progress, FrontierStats* stats);
+
+ private:
+  void build_adjacency();
+  void build_network();
+  long schedule();
+  long fastest_makespan() const;
+  long iteration_bound(long T) const;
+  bool collect_critical();
+  enum class Cut { kFound, kInfeasible, kInfinite };
+  Cut min_cut(bool with_lb);
+  bool feasible_flow(bool with_lb);
+  bool maximize_flow(bool with_lb);
+  bool shorten(long& T);
+  void record(long T_units, bool fastest);
+  void refine(double limit);
+  void set_step(std::size_t i, std::size_t pos);
+  double time_s(std::size_t i, int c) const {
+    return opt_time_s_[opt_first_[i] + static_cast<std::size_t>(c)];
+  }
+  double energy_j(std::size_t i, int c) const {
+    return opt_energy_j_[opt_first_[i] + static_cast<std::size_t>(c)];
+  }
+  void update_bounds(std::size_t i);
+  long dur(const Arc& a) const {
+    return a.activity < 0 ? 0L : d_[static_cast<std::size_t>(a.activity)];
+  }
+  static std::size_t in(std::size_t i) { return 2 + 2 * i; }
+  static std::size_t out(std::size_t i) { return 3 + 2 * i; }
+
+  const IterationDag& dag_;
+  const double unit_s_;
+  const std::size_t n_;
+  std::vector<int> topo_;
+  std::vector<Activity> act_;
+  // Predecessors and successors (compressed rows), options' times and energies (flat): the
+  // passes over every node that each iteration makes read contiguous memory.
+  std::vector<std::size_t> pred_first_, succ_first_, opt_first_;
+  std::vector<int> pred_, succ_;
+  std::vector<double> opt_time_s_, opt_energy_j_;
+  std::vector<Units> act_lb_, act_ub_;  ///< flow bounds of each activity at its duration
+  // Activity-on-arc network: 0 = source, 1 = sink, node i -> in(i) -> out(i).
+  std::vector<Arc> arcs_;
+  std::vector<std::size_t> vorder_;                ///< topological order of AOA vertices
+  std::vector<std::size_t> out_first_, out_arcs_;  ///< out-arcs of each vertex (CSR)
+  std::vector<long> d_, E_, L_;                    ///< durations, earliest and latest times
+  // The critical network of this iteration: arcs, bounds in units, compact vertex ids.
+  std::vector<std::size_t> crit_, prev_crit_, global_, local_;
+  std::vector<Units> lb_, ub_, prev_lb_, prev_ub_;
+  std::vector<std::pair<std::size_t, std::size_t>> cu_;
+  std::vector<Units> flow_, excess_;
+  // The last maximum flow per AOA arc and the iteration that computed it (warm starts).
+  std::vector<Units> arc_flow_;
+  std::vector<int> arc_iteration_;
+  bool warm_ = true;
+  std::vector<char> side_;
+  MaxFlow f1_, f2_;
+  bool credits_ = true;
+  int iterations_ = 0, no_credit_ = 0;
+  std::vector<double> es_, ls_, fin_;
+  // Snapped option per node (staircase step, its time and energy, the next step's time) and
+  // the refined one of the point being recorded.
+  std::vector<std::size_t> step_, out_step_;
+  std::vector<double> step_t_, step_e_, next_t_, out_t_, out_e_;
+  ParetoArchive archive_;
+};
+
+Solver::Solver(const IterationDag& dag, double unit_s, bool warm)
+    : dag_(dag), unit_s_(unit_s), n_(dag.nodes.size()), warm_(warm) {
+  for (const auto& node : dag.nodes) {
+    if (node.options.empty()) {
+      throw InternalError(fmt::format("DAG node {} has no options", node.id));
+    }
+  }
+  topo_ = dag.topological_order();
+  act_.reserve(n_);
+  for (const auto& node : dag.nodes) act_.push_back(make_activity(node, unit_s));
+  build_adjacency();
+  build_network();
+  d_.resize(n_);
+  act_lb_.resize(n_);
+  act_ub_.resize(n_);
+  for (std::size_t i = 0; i < n_; ++i) {
+    d_[i] = act_[i].dmax;
+    update_bounds(i);
+  }
+  es_.resize(n_);
+  ls_.resize(n_);
+  fin_.resize(n_);
+  for (auto* v : {&step_t_, &step_e_, &next_t_, &out_t_, &out_e_}) v->resize(n_);
+  step_.resize(n_);
+  out_step_.resize(n_);
+  for (std::size_t i = 0; i < n_; ++i) set_step(i, act_[i].snap_step(d_[i]));
+}
+
+void Solver::build_adjacency() {
+  pred_first_.assign(n_ + 1, 0);
+  succ_first_.assign(n_ + 1, 0);
+  for (const auto& [a, b] : dag_.edges) {
+    ++succ_first_[static_cast<std::size_t>(a) + 1];
+    ++pred_first_[static_cast<std::size_t>(b) + 1];
+  }
+  for (std::size_t i = 0; i < n_; ++i) {
+    succ_first_[i + 1] += succ_first_[i];
+    pred_first_[i + 1] += pred_first_[i];
+  }
+  pred_.resize(dag_.edges.size());
+  succ_.resize(dag_.edges.size());
+  std::vector<std::size_t> ps(pred_first_.begin(), pred_first_.end() - 1);
+  std::vector<std::size_t> ss(succ_first_.begin(), succ_first_.end() - 1);
+  for (const auto& [a, b] : dag_.edges) {
+    succ_[ss[static_cast<std::size_t>(a)]++] = b;
+    pred_[ps[static_cast<std::size_t>(b)]++] = a;
+  }
+  opt_first_.assign(1, 0);
+  for (const auto& node : dag_.nodes) {
+    for (const auto& o : node.options) {
+      opt_time_s_.push_back(o.time_s);
+      opt_energy_j_.push_back(o.energy_j);
+    }
+    opt_first_.push_back(opt_time_s_.size());
+  }
+}
+
+// Flow bounds of activity i at its current duration: energy added by shortening it one unit
+// (infinite at its fastest), energy saved by lengthening it one unit (0 at its slowest).
+void Solver::update_bounds(std::size_t i) {
+  const Activity& x = act_[i];
+  double lj = 0, uj = kInf;
+  if (d_[i] > x.dmin) uj = std::max(0.0, x.cost(d_[i] - 1) - x.cost(d_[i]));
+  if (d_[i] < x.dmax) lj = std::max(0.0, x.cost(d_[i]) - x.cost(d_[i] + 1));
+  act_lb_[i] = to_units(std::min(lj, uj));
+  act_ub_[i] = uj < kInf ? std::min(to_units(uj), kInfUnits) : kInfUnits;
+}
+
+void Solver::build_network() {
+  const std::size_t V = 2 + 2 * n_;
+  for (const auto& [a, b] : dag_.edges) {
+    arcs_.push_back({out(static_cast<std::size_t>(a)), in(static_cast<std::size_t>(b)), -1});
+  }
+  for (std::size_t i = 0; i < n_; ++i) {
+    arcs_.push_back({in(i), out(i), static_cast<int>(i)});
+    if (pred_first_[i] == pred_first_[i + 1]) arcs_.push_back({0, in(i), -1});
+    if (succ_first_[i] == succ_first_[i + 1]) arcs_.push_back({out(i), 1, -1});
+  }
+  vorder_ = {0};
+  for (int u : topo_) {
+    vorder_.push_back(in(static_cast<std::size_t>(u)));
+    vorder_.push_back(out(static_cast<std::size_t>(u)));
+  }
+  vorder_.push_back(1);
+  out_first_.assign(V + 1, 0);
+  for (const Arc& a : arcs_) ++out_first_[a.u + 1];
+  for (std::size_t v = 0; v < V; ++v) out_first_[v + 1] += out_first_[v];
+  out_arcs_.resize(arcs_.size());
+  std::vector<std::size_t> fill(out_first_.begin(), out_first_.end() - 1);
+  for (std::size_t k = 0; k < arcs_.size(); ++k) out_arcs_[fill[arcs_[k].u]++] = k;
+  E_.resize(V);
+  L_.resize(V);
+  local_.assign(V, static_cast<std::size_t>(-1));
+  arc_flow_.assign(arcs_.size(), 0);
+  arc_iteration_.assign(arcs_.size(), -1);
+  side_.assign(V, 0);
+}
+
+// Earliest and latest event times of the current durations; returns the makespan (units).
+long Solver::schedule() {
+  std::fill(E_.begin(), E_.end(), 0L);
+  for (std::size_t u : vorder_) {
+    for (std::size_t k = out_first_[u]; k < out_first_[u + 1]; ++k) {
+      const Arc& a = arcs_[out_arcs_[k]];
+      E_[a.v] = std::max(E_[a.v], E_[u] + dur(a));
+    }
+  }
+  const long T = E_[1];
+  std::fill(L_.begin(), L_.end(), T);
+  for (auto it = vorder_.rbegin(); it != vorder_.rend(); ++it) {
+    for (std::size_t k = out_first_[*it]; k < out_first_[*it + 1]; ++k) {
+      const Arc& a = arcs_[out_arcs_[k]];
+      L_[*it] = std::min(L_[*it], L_[a.v] - dur(a));
+    }
+  }
+  return T;
+}
+
+long Solver::fastest_makespan() const {
+  std::vector<long> fin(n_, 0);
+  long T = 0;
+  for (int u : topo_) {
+    const auto i = static_cast<std::size_t>(u);
+    long start = 0;
+    for (std::size_t k = pred_first_[i]; k < pred_first_[i + 1]; ++k) {
+      start = std::max(start, fin[static_cast<std::size_t>(pred_[k])]);
+    }
+    fin[i] = start + act_[i].dmin;
+    T = std::max(T, fin[i]);
+  }
+  return T;
+}
+
+// Each iteration shortens the makespan by at least one unit, from T down to the makespan at
+// every activity's fastest duration: that bounds the iterations before any work is done.
+long Solver::iteration_bound(long T) const {
+  const long bound = T - fastest_makespan() + 1;
+  if (bound <= kMaxIterations) return bound;
+  const double span_s = static_cast<double>(bound - 1) * unit_s_;
+  throw InvalidInput(fmt::format(
+      "--unit {:g} s: the frontier solver would need up to {} iterations ({:.3f} s of makespan "
+      "range in steps of the unit), over the limit of {}; use --unit {:.2g} or larger",
+      unit_s_, bound, span_s, kMaxIterations, 1.05 * span_s / static_cast<double>(kMaxIterations)));
+}
+
+// Critical arcs of the current schedule and their flow bounds; true when the network (arcs and
+// bounds) is the previous iteration's, whose cut then still holds.
+bool Solver::collect_critical() {
+  std::swap(crit_, prev_crit_);
+  std::swap(lb_, prev_lb_);
+  std::swap(ub_, prev_ub_);
+  crit_.clear();
+  lb_.clear();
+  ub_.clear();
+  for (std::size_t k = 0; k < arcs_.size(); ++k) {
+    const Arc& a = arcs_[k];
+    if (E_[a.u] != L_[a.u] || E_[a.u] + dur(a) != L_[a.v]) continue;
+    const auto i = static_cast<std::size_t>(a.activity);
+    crit_.push_back(k);
+    lb_.push_back(a.activity < 0 ? 0 : act_lb_[i]);
+    ub_.push_back(a.activity < 0 ? kInfUnits : act_ub_[i]);
+  }
+  return warm_ && iterations_ > 1 && crit_ == prev_crit_ && lb_ == prev_lb_ && ub_ == prev_ub_;
+}
+
+// With quantized costs the lower bounds can be infeasible (the current durations are then not
+// optimal for this T); the cut is then taken without lengthening credits (lb = 0), which is
+// always feasible. Fills side_ (source side of the cut, by AOA vertex).
+Solver::Cut Solver::min_cut(bool with_lb) {
+  for (std::size_t v : global_) local_[v] = static_cast<std::size_t>(-1);
+  global_.clear();
+  auto id = [&](std::size_t v) {
+    if (local_[v] == static_cast<std::size_t>(-1)) {
+      local_[v] = global_.size();
+      global_.push_back(v);
+    }
+    return local_[v];
+  };
+  id(0);
+  id(1);
+  cu_.resize(crit_.size());
+  for (std::size_t c = 0; c < crit_.size(); ++c) {
+    cu_[c] = {id(arcs_[crit_[c]].u), id(arcs_[crit_[c]].v)};
+  }
+  if (!feasible_flow(with_lb)) return Cut::kInfeasible;
+  return maximize_flow(with_lb) ? Cut::kFound : Cut::kInfinite;
+}
+
+// Step 1: a flow meeting the bounds. It starts from the previous iteration's flow on the arcs
+// still critical (clamped to the new bounds) or the lower bound on the others, and repairs the
+// imbalance this leaves by a maximum flow from a super source (vertices with excess) to a
+// super sink (vertices short of flow) in its residual network, with a sink-to-source arc
+// closing the circulation (Hoffman's feasibility condition). A small change of the network
+// leaves a small imbalance: few augmenting paths.
+bool Solver::feasible_flow(bool with_lb) {
+  const std::size_t W = global_.size();
+  excess_.assign(W, 0);
+  flow_.resize(crit_.size());
+  for (std::size_t c = 0; c < crit_.size(); ++c) {
+    const std::size_t k = crit_[c];
+    const Units l = with_lb ? lb_[c] : 0;
+    const bool known = warm_ && arc_iteration_[k] == iterations_ - 1;
+    flow_[c] = known ? std::clamp(arc_flow_[k], l, ub_[c]) : l;
+    excess_[cu_[c].second] += flow_[c];
+    excess_[cu_[c].first] -= flow_[c];
+  }
+  const Units value = std::max<Units>(0, excess_[1]);  // flow into the sink goes back to s
+  excess_[1] -= value;
+  excess_[0] += value;
+  Units need = 0;
+  for (std::size_t v = 0; v < W; ++v) need += std::max<Units>(0, excess_[v]);
+  if (need == 0) return true;
+  f1_.reset(W + 2);
+  for (std::size_t c = 0; c < crit_.size(); ++c) {
+    const auto [u, v] = cu_[c];
+    f1_.add(u, v, ub_[c] - flow_[c], flow_[c] - (with_lb ? lb_[c] : Units{0}));  // id 2c
+  }
+  f1_.add(1, 0, kInfUnits - value, value);
+  for (std::size_t v = 0; v < W; ++v) {
+    if (excess_[v] > 0) f1_.add(W, v, excess_[v]);
+    if (excess_[v] < 0) f1_.add(v, W + 1, -excess_[v]);
+  }
+  // A unit per vertex of tolerance, as for bounds rounded on both sides.
+  if (f1_.run(W, W + 1) < need - static_cast<Units>(W)) return false;
+  for (std::size_t c = 0; c < crit_.size(); ++c) {
+    flow_[c] += f1_.flow(2 * c);
+  }
+  return true;
+}
+
+// Step 2: maximize it from source to sink in its residual network; the cut is what the source
+// still reaches. False when the flow is unbounded (a path of arcs that cannot be shortened).
+bool Solver::maximize_flow(bool with_lb) {
+  const std::size_t W = global_.size();
+  f2_.reset(W);
+  for (std::size_t c = 0; c < crit_.size(); ++c) {
+    const auto [u, v] = cu_[c];
+    const Units l = with_lb ? lb_[c] : 0;
+    f2_.add(u, v, ub_[c] - flow_[c], flow_[c] - l);  // arc id 2c
+  }
+  if (f2_.run(0, 1) >= kInfUnits / 2) return false;
+  for (std::size_t k = 0; k < W; ++k) side_[global_[k]] = f2_.reachable(k);
+  for (std::size_t c = 0; c < crit_.size(); ++c) {
+    arc_flow_[crit_[c]] = flow_[c] + f2_.flow(2 * c);
+    arc_iteration_[crit_[c]] = iterations_;
+  }
+  return true;
+}
+
+// One Phillips-Dessouky step: the cheapest cut, applied. Returns false when the project cannot
+// get shorter; otherwise T becomes the new makespan.
+bool Solver::shorten(long& T) {
+  if (!collect_critical()) {
+    for (std::size_t v : global_) side_[v] = 0;
+    Cut cut = min_cut(true);
+    credits_ = cut != Cut::kInfeasible;
+    if (!credits_) cut = min_cut(false);
+    if (cut != Cut::kFound) return false;
+  } else {
+    for (std::size_t k : crit_) arc_iteration_[k] = iterations_;
+  }
+  if (!credits_) ++no_credit_;
+  std::vector<std::size_t> faster, slower;
+  for (std::size_t c = 0; c < crit_.size(); ++c) {
+    const Arc& a = arcs_[crit_[c]];
+    if (side_[a.u] && !side_[a.v]) {
+      const auto i = static_cast<std::size_t>(a.activity);
+      if (a.activity < 0 || d_[i] <= act_[i].dmin) return false;  // not a finite cut
+      faster.push_back(i);
+    } else if (!side_[a.u] && side_[a.v] && a.activity >= 0) {
+      slower.push_back(static_cast<std::size_t>(a.activity));
+    }
+  }
+  if (faster.empty()) return false;
+  for (std::size_t i : faster) --d_[i];
+  std::vector<std::size_t> lengthened;
+  for (std::size_t i : slower) {
+    if (d_[i] < act_[i].dmax) {
+      ++d_[i];
+      lengthened.push_back(i);
+    }
+  }
+  long T2 = schedule();
+  if (T2 > T - 1) {
+    // A lengthened arc made a non-critical path too long: keep only the shortenings.
+    for (std::size_t i : lengthened) --d_[i];
+    lengthened.clear();
+    T2 = schedule();
+  }
+  for (auto* changed : {&faster, &slower}) {
+    for (std::size_t i : *changed) {
+      update_bounds(i);
+      set_step(i, act_[i].snap_step(d_[i]));
+    }
+  }
+  if (T2 >= T) return false;
+  T = T2;
+  return true;
+}
+
+// Node i's snapped option becomes staircase step `pos`. The snapped options live in dense
+// arrays updated only for the activities whose duration changed, so that recording a point
+// reads contiguous memory instead of every node's option lists.
+void Solver::set_step(std::size_t i, std::size_t pos) {
+  const Activity& a = act_[i];
+  step_[i] = pos;
+  step_t_[i] = a.stair_t[pos];
+  step_e_[i] = energy_j(i, a.stair[pos]);
+  next_t_[i] = pos + 1 < a.stair.size() ? a.stair_t[pos + 1] : std::numeric_limits<double>::max();
+}
+
+// Hands slack back: as-late-as-possible, each activity (reverse topological order) takes its
+// cheapest option that still finishes by its successors' start and by `limit`. Starts from the
+// snapped options, uses es_ (their earliest starts) and adds the result to the archive.
+void Solver::refine(double limit) {
+  for (auto it = topo_.rbegin(); it != topo_.rend(); ++it) {
+    const auto i = static_cast<std::size_t>(*it);
+    double lf = limit;
+    for (std::size_t k = succ_first_[i]; k < succ_first_[i + 1]; ++k) {
+      lf = std::min(lf, ls_[static_cast<std::size_t>(succ_[k])]);
+    }
+    const double budget_s = lf * (1 + 1e-12) - es_[i];
+    out_step_[i] = step_[i];
+    out_t_[i] = step_t_[i];
+    out_e_[i] = step_e_[i];
+    if (next_t_[i] <= budget_s) {  // a cheaper staircase step fits
+      const Activity& a = act_[i];
+      const auto pos = static_cast<std::size_t>(
+          std::upper_bound(a.stair_t.begin(), a.stair_t.end(), budget_s) - a.stair_t.begin() - 1);
+      out_step_[i] = pos;
+      out_t_[i] = a.stair_t[pos];
+      out_e_[i] = energy_j(i, a.stair[pos]);
+    }
+    ls_[i] = lf - out_t_[i];
+  }
+  FrontierPoint p;
+  for (int u : topo_) {  // the makespan of the final choice
+    const auto i = static_cast<std::size_t>(u);
+    double start = 0;
+    for (std::size_t k = pred_first_[i]; k < pred_first_[i + 1]; ++k) {
+      start = std::max(start, fin_[static_cast<std::size_t>(pred_[k])]);
+    }
+    fin_[i] = start + out_t_[i];
+    p.time_s = std::max(p.time_s, fin_[i]);
+  }
+  for (std::size_t i = 0; i < n_; ++i) p.dynamic_energy_j += out_e_[i];
+  p.energy_j = p.dynamic_energy_j + dag_.gpus * dag_.static_power_w * p.time_s;
+  if (archive_.dominated(p.time_s, p.energy_j)) return;
+  p.choice.resize(n_);
+  for (std::size_t i = 0; i < n_; ++i) p.choice[i] = act_[i].stair[out_step_[i]];
+  archive_.add(std::move(p));
+}
+
+// Real options for the quantized durations: snap, then refine twice, within the snapped
+// makespan and within the solver's current deadline T (the snap can leave time unused).
+// `fastest`: every activity at its fastest real option instead of the snapped durations, so
+// that the frontier's fast end is exact even when options share a quantized duration.
+void Solver::record(long T_units, bool fastest) {
+  if (fastest) {
+    for (std::size_t i = 0; i < n_; ++i) set_step(i, 0);
+  }
+  double M = 0;
+  for (int u : topo_) {
+    const auto i = static_cast<std::size_t>(u);
+    es_[i] = 0;
+    for (std::size_t k = pred_first_[i]; k < pred_first_[i + 1]; ++k) {
+      const auto pi = static_cast<std::size_t>(pred_[k]);
+      es_[i] = std::max(es_[i], es_[pi] + step_t_[pi]);
+    }
+    M = std::max(M, es_[i] + step_t_[i]);
+  }
+  refine(M);
+  const double target = static_cast<double>(T_units) * unit_s_;
+  if (target > M) refine(target);
+}
+
+std::vector<FrontierPoint> Solver::run(const ProgressFn& progress, FrontierStats* stats) {
+  const long T0 = schedule();
+  const long bound = iteration_bound(T0);
+  const auto total = static_cast<std::size_t>(bound);
+  if (progress) progress(0, total);
+  long T = T0;
+  record(T, false);
+  while (true) {
+    ++iterations_;
+    if (!shorten(T)) break;
+    record(T, false);
+    // Each step shortens the makespan by at least one unit: units gained out of the bound.
+    if (progress && iterations_ % 64 == 0) progress(static_cast<std::size_t>(T0 - T), total);
+  }
+  record(0, true);
+  if (progress) progress(total, total);
+  if (stats) {
+    stats->iterations = iterations_;
+    stats->cuts_without_credit = no_credit_;
+  }
+  return archive_.take();
+}
+
+double thread_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 }  // namespace
 
@@ -244,270 +781,16 @@ std::vector<FrontierPoint> pareto_frontier(const std::vector<FrontierPoint>& poi
 std::vector<FrontierPoint> solve_frontier(const IterationDag& dag, const FrontierOptions& o,
                                           FrontierStats* stats) {
   const auto t_start = std::chrono::steady_clock::now();
-  if (!(o.unit_s > 0)) throw InvalidInput(fmt::format("--unit must be > 0, got {}", o.unit_s));
-  const std::size_t n = dag.nodes.size();
-  if (n == 0) return {};
-  for (const auto& node : dag.nodes) {
-    if (node.options.empty()) {
-      throw InternalError(fmt::format("DAG node {} has no options", node.id));
-    }
+  const double cpu_start = thread_cpu_s();
+  if (!(o.unit_s > 0) || !std::isfinite(o.unit_s)) {
+    throw InvalidInput(fmt::format("--unit must be a finite number > 0, got {}", o.unit_s));
   }
-  const auto topo = dag.topological_order();
-  std::vector<Activity> act;
-  act.reserve(n);
-  for (const auto& node : dag.nodes) act.push_back(make_activity(node, o.unit_s));
-
-  // Activity-on-arc network: 0 = source, 1 = sink, node i -> (2+2i) -> (3+2i).
-  const std::size_t V = 2 + 2 * n;
-  auto in = [](std::size_t i) { return 2 + 2 * i; };
-  auto out = [](std::size_t i) { return 3 + 2 * i; };
-  std::vector<Arc> arcs;
-  std::vector<int> indeg(n, 0), outdeg(n, 0);
-  for (const auto& [a, b] : dag.edges) {
-    ++outdeg[static_cast<std::size_t>(a)];
-    ++indeg[static_cast<std::size_t>(b)];
-    arcs.push_back({out(static_cast<std::size_t>(a)), in(static_cast<std::size_t>(b)), -1});
-  }
-  for (std::size_t i = 0; i < n; ++i) {
-    arcs.push_back({in(i), out(i), static_cast<int>(i)});
-    if (indeg[i] == 0) arcs.push_back({0, in(i), -1});
-    if (outdeg[i] == 0) arcs.push_back({out(i), 1, -1});
-  }
-  // Topological order of AOA vertices and out-arc lists.
-  std::vector<std::size_t> vorder = {0};
-  for (int u : topo) {
-    vorder.push_back(in(static_cast<std::size_t>(u)));
-    vorder.push_back(out(static_cast<std::size_t>(u)));
-  }
-  vorder.push_back(1);
-  std::vector<std::vector<std::size_t>> out_arcs(V);
-  for (std::size_t k = 0; k < arcs.size(); ++k) out_arcs[arcs[k].u].push_back(k);
-
-  std::vector<long> d(n);
-  for (std::size_t i = 0; i < n; ++i) d[i] = act[i].dmax;
-  auto dur = [&](const Arc& a) {
-    return a.activity < 0 ? 0L : d[static_cast<std::size_t>(a.activity)];
-  };
-  std::vector<long> E(V), L(V);
-  auto schedule = [&] {
-    std::fill(E.begin(), E.end(), 0L);
-    for (std::size_t u : vorder) {
-      for (std::size_t k : out_arcs[u]) E[arcs[k].v] = std::max(E[arcs[k].v], E[u] + dur(arcs[k]));
-    }
-    const long T = E[1];
-    std::fill(L.begin(), L.end(), T);
-    for (auto it = vorder.rbegin(); it != vorder.rend(); ++it) {
-      for (std::size_t k : out_arcs[*it]) L[*it] = std::min(L[*it], L[arcs[k].v] - dur(arcs[k]));
-    }
-    return T;
-  };
-
-  // Real options for quantized durations, then slack handed back as-late-as-possible.
-  std::vector<std::vector<int>> pred(n), succ(n);
-  for (const auto& [a, b] : dag.edges) {
-    succ[static_cast<std::size_t>(a)].push_back(b);
-    pred[static_cast<std::size_t>(b)].push_back(a);
-  }
-  std::vector<FrontierPoint> points;
-  // Hands slack back: as-late-as-possible, each activity (reverse topological order) takes its
-  // cheapest option that still finishes by its successors' start and by `limit`.
-  std::vector<double> es(n), ls(n), fin(n);
-  auto refine = [&](std::vector<int> choice, double limit) {
-    for (auto it = topo.rbegin(); it != topo.rend(); ++it) {
-      const auto i = static_cast<std::size_t>(*it);
-      double lf = limit;
-      for (int s : succ[i]) lf = std::min(lf, ls[static_cast<std::size_t>(s)]);
-      const auto& opts = dag.nodes[i].options;
-      int c = choice[i];
-      const int j = act[i].cheapest_within(lf * (1 + 1e-12) - es[i]);
-      if (j >= 0 &&
-          opts[static_cast<std::size_t>(j)].energy_j < opts[static_cast<std::size_t>(c)].energy_j)
-        c = j;
-      choice[i] = c;
-      ls[i] = lf - opts[static_cast<std::size_t>(c)].time_s;
-    }
-    FrontierPoint p;
-    p.choice = std::move(choice);
-    for (int u : topo) {  // the makespan of the final choice
-      const auto i = static_cast<std::size_t>(u);
-      double start = 0;
-      for (int q : pred[i]) start = std::max(start, fin[static_cast<std::size_t>(q)]);
-      fin[i] = start + dag.nodes[i].options[static_cast<std::size_t>(p.choice[i])].time_s;
-      p.time_s = std::max(p.time_s, fin[i]);
-    }
-    for (std::size_t i = 0; i < n; ++i) {
-      p.dynamic_energy_j += dag.nodes[i].options[static_cast<std::size_t>(p.choice[i])].energy_j;
-    }
-    p.energy_j = p.dynamic_energy_j + dag.gpus * dag.static_power_w * p.time_s;
-    points.push_back(std::move(p));
-  };
-  // Real options for the quantized durations: snap, then refine twice, within the snapped
-  // makespan and within the solver's current deadline T (the snap can leave time unused).
-  // `fastest`: every activity at its fastest real option instead of the snapped durations, so
-  // that the frontier's fast end is exact even when options share a quantized duration.
-  auto record = [&](long T_units, bool fastest = false) {
-    std::vector<int> choice(n);
-    for (std::size_t i = 0; i < n; ++i)
-      choice[i] = fastest ? act[i].stair.front() : act[i].snap(d[i]);
-    double M = 0;
-    for (int u : topo) {
-      const auto i = static_cast<std::size_t>(u);
-      es[i] = 0;
-      for (int p : pred[i]) {
-        const auto pi = static_cast<std::size_t>(p);
-        es[i] = std::max(
-            es[i], es[pi] + dag.nodes[pi].options[static_cast<std::size_t>(choice[pi])].time_s);
-      }
-      M = std::max(M, es[i] + dag.nodes[i].options[static_cast<std::size_t>(choice[i])].time_s);
-    }
-    refine(choice, M);
-    const double target = static_cast<double>(T_units) * o.unit_s;
-    if (target > M) refine(choice, target);
-  };
-
-  constexpr std::size_t kNone = static_cast<std::size_t>(-1);
-  std::vector<std::size_t> local(V, kNone);
-  long T = schedule();
-  record(T);
-  int iterations = 0;
-  int stats_no_credit = 0;
-  while (true) {
-    ++iterations;
-    // Critical arcs and their flow bounds.
-    std::vector<std::size_t> crit;
-    std::vector<double> lb, ub;
-    for (std::size_t k = 0; k < arcs.size(); ++k) {
-      const Arc& a = arcs[k];
-      if (E[a.u] != L[a.u] || E[a.u] + dur(a) != L[a.v]) continue;
-      double l = 0, u = kInf;
-      if (a.activity >= 0) {
-        const auto i = static_cast<std::size_t>(a.activity);
-        const Activity& x = act[i];
-        if (d[i] > x.dmin) u = std::max(0.0, x.cost(d[i] - 1) - x.cost(d[i]));
-        if (d[i] < x.dmax) l = std::max(0.0, x.cost(d[i]) - x.cost(d[i] + 1));
-        l = std::min(l, u);
-      }
-      crit.push_back(k);
-      lb.push_back(l);
-      ub.push_back(u);
-    }
-    // 1) A feasible flow: capacities ub - lb, lower bounds moved to a super source and sink.
-    // With quantized costs the lower bounds can be infeasible (the current durations are then
-    // not optimal for this T); the cut is then taken without lengthening credits (lb = 0), which
-    // is always feasible.
-    // Only the critical arcs' vertices enter the flow networks (compact ids).
-    std::fill(local.begin(), local.end(), kNone);
-    std::vector<std::size_t> global;
-    auto id = [&](std::size_t v) {
-      if (local[v] == kNone) {
-        local[v] = global.size();
-        global.push_back(v);
-      }
-      return local[v];
-    };
-    id(0);
-    id(1);
-    std::vector<std::pair<std::size_t, std::size_t>> cu(crit.size());
-    for (std::size_t c = 0; c < crit.size(); ++c)
-      cu[c] = {id(arcs[crit[c]].u), id(arcs[crit[c]].v)};
-    const std::size_t W = global.size();
-    auto min_cut = [&](bool with_lb) -> std::optional<std::vector<bool>> {
-      Flow f1;
-      std::vector<double> excess(W, 0.0);
-      std::vector<std::size_t> e1(crit.size());
-      double need = 0;
-      for (std::size_t c = 0; c < crit.size(); ++c) {
-        const auto [u, v] = cu[c];
-        const double l = with_lb ? lb[c] : 0.0;
-        e1[c] = f1.add(u, v, ub[c] - l);
-        excess[v] += l;
-        excess[u] -= l;
-      }
-      Units need_units = 0;
-      for (std::size_t v = 0; v < W; ++v) {
-        if (excess[v] > 0) {
-          need_units += f1.capacity(f1.add(W, v, excess[v]));
-          need += excess[v];
-        } else if (excess[v] < 0) {
-          f1.add(v, W + 1, -excess[v]);
-        }
-      }
-      f1.add(1, 0, kInf);
-      std::vector<double> flow(crit.size(), 0.0);
-      if (need > 0) {
-        // Lower bounds move to the super source and sink with rounding on both sides; a unit
-        // per vertex of slack absorbs it.
-        const Units slack = static_cast<Units>(W);
-        if (f1.max_flow(W + 2, W, W + 1) < need_units - slack) return std::nullopt;
-        for (std::size_t c = 0; c < crit.size(); ++c) flow[c] = f1.flow(e1[c]);
-      }
-      // 2) Maximize it from source to sink in the residual network of the feasible flow.
-      Flow f2;
-      for (std::size_t c = 0; c < crit.size(); ++c) {
-        const auto [u, v] = cu[c];
-        const double l = with_lb ? lb[c] : 0.0;
-        const double fl = flow[c] + l;
-        f2.add(u, v, std::max(0.0, ub[c] - fl));
-        f2.add(v, u, std::max(0.0, fl - l));
-      }
-      f2.max_flow(W, 0, 1);
-      const std::vector<bool> reach = f2.reachable(0);
-      std::vector<bool> side(V, false);
-      for (std::size_t k = 0; k < W; ++k) side[global[k]] = reach[k];
-      return side;
-    };
-    auto cut_sets = min_cut(true);
-    const bool credits = cut_sets.has_value();
-    if (!cut_sets) cut_sets = min_cut(false);
-    if (!credits) ++stats_no_credit;
-    const std::vector<bool>& S = *cut_sets;
-    if (S[1]) break;  // infinite capacity path: the project cannot get shorter
-    std::vector<std::size_t> faster, slower;
-    bool blocked = false;
-    double cut = 0;
-    for (std::size_t c = 0; c < crit.size(); ++c) {
-      const Arc& a = arcs[crit[c]];
-      if (S[a.u] && !S[a.v]) {
-        if (a.activity < 0 || d[static_cast<std::size_t>(a.activity)] <=
-                                  act[static_cast<std::size_t>(a.activity)].dmin) {
-          blocked = true;
-          break;
-        }
-        faster.push_back(static_cast<std::size_t>(a.activity));
-        cut += ub[c];
-      } else if (!S[a.u] && S[a.v] && a.activity >= 0) {
-        slower.push_back(static_cast<std::size_t>(a.activity));
-        if (credits) cut -= lb[c];
-      }
-    }
-    if (blocked || faster.empty() || cut >= kInf / 2) break;
-    for (std::size_t i : faster) --d[i];
-    std::vector<std::size_t> lengthened;
-    for (std::size_t i : slower) {
-      if (d[i] < act[i].dmax) {
-        ++d[i];
-        lengthened.push_back(i);
-      }
-    }
-    long T2 = schedule();
-    if (T2 > T - 1) {
-      // A lengthened arc made a non-critical path too long: keep only the shortenings.
-      for (std::size_t i : lengthened) --d[i];
-      T2 = schedule();
-    }
-    if (T2 >= T) break;
-    T = T2;
-    record(T);
-  }
-
-  record(0, true);
-
-  std::vector<FrontierPoint> front = pareto_frontier(points);
+  if (dag.nodes.empty()) return {};
+  std::vector<FrontierPoint> front = Solver(dag, o.unit_s, o.warm_start).run(o.progress, stats);
   if (stats) {
-    stats->iterations = iterations;
-    stats->cuts_without_credit = stats_no_credit;
     stats->seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    stats->cpu_seconds = thread_cpu_s() - cpu_start;
   }
   return front;
 }

@@ -10,7 +10,7 @@
 //  [NCCL]    NCCL tuning model and nccl-tests: A100 ring bus bandwidth about 230 GB/s with 24
 //            channels; H100 about 370 GB/s; H200 about 475 GB/s (NVLS).
 //  [SWITCH]  Clock-change latency: nvmlDeviceSetGpuLockedClocks calls are reported at 10-20 ms
-//            (issue 10; Perseus applies clocks asynchronously for this reason, Chung et al.,
+//            (Perseus applies clocks asynchronously for this reason, Chung et al.,
 //            SOSP '24); Velicka, Vysocky, Riha, "Methodology for GPU Frequency Switching
 //            Latency Measurement" (arXiv 2502.20075, 2025) measure it on A100 and GH200 and
 //            find it depends mostly on the target clock. We use 15 ms, the middle of that
@@ -26,8 +26,7 @@
 namespace kareus {
 namespace {
 
-std::vector<GpuSpec> make_catalogue() {
-  std::vector<GpuSpec> c;
+GpuSpec a100_sxm4_40gb() {
   GpuSpec a100;
   a100.name = "a100-sxm4-40gb";
   a100.display_name = "NVIDIA A100 SXM4 40GB";
@@ -49,14 +48,18 @@ std::vector<GpuSpec> make_catalogue() {
   a100.static_power_w = 85;
   a100.idle_power_w = 52;
   a100.clock_switch_s = 15e-3;  // [SWITCH]
-  c.push_back(a100);
+  return a100;
+}
 
-  GpuSpec a100_80 = a100;
+GpuSpec a100_sxm4_80gb() {
+  GpuSpec a100_80 = a100_sxm4_40gb();
   a100_80.name = "a100-sxm4-80gb";
   a100_80.display_name = "NVIDIA A100 SXM4 80GB";
   a100_80.hbm_bandwidth_gbs = 2039;
-  c.push_back(a100_80);
+  return a100_80;
+}
 
+GpuSpec a40() {
   GpuSpec a40;
   a40.name = "a40";
   a40.display_name = "NVIDIA A40";
@@ -78,8 +81,10 @@ std::vector<GpuSpec> make_catalogue() {
   a40.static_power_w = 70;
   a40.idle_power_w = 30;       // estimate
   a40.clock_switch_s = 15e-3;  // [SWITCH]
-  c.push_back(a40);
+  return a40;
+}
 
+GpuSpec h100_sxm() {
   GpuSpec h100;
   h100.name = "h100-sxm";
   h100.display_name = "NVIDIA H100 SXM5 80GB";
@@ -102,15 +107,20 @@ std::vector<GpuSpec> make_catalogue() {
   h100.static_power_estimated = true;
   h100.idle_power_w = 70;       // estimate
   h100.clock_switch_s = 15e-3;  // [SWITCH]
-  c.push_back(h100);
+  return h100;
+}
 
-  GpuSpec h200 = h100;
+GpuSpec h200() {
+  GpuSpec h200 = h100_sxm();
   h200.name = "h200";
   h200.display_name = "NVIDIA H200 SXM 141GB";
   h200.hbm_bandwidth_gbs = 4800;
   h200.nccl_ring_busbw_gbs = 475;
-  c.push_back(h200);
-  return c;
+  return h200;
+}
+
+std::vector<GpuSpec> make_catalogue() {
+  return {a100_sxm4_40gb(), a100_sxm4_80gb(), a40(), h100_sxm(), h200()};
 }
 
 const std::vector<GpuSpec>& catalogue() {
@@ -137,6 +147,17 @@ std::vector<int> GpuSpec::search_freqs_mhz() const {
 bool GpuSpec::supports_freq(int freq_mhz) const {
   return freq_mhz >= min_freq_mhz && freq_mhz <= max_freq_mhz &&
          (freq_mhz - min_freq_mhz) % freq_step_mhz == 0;
+}
+
+std::string GpuSpec::supported_freqs_text() const {
+  return fmt::format("{} supports {}..{} MHz in {} MHz steps", name, min_freq_mhz, max_freq_mhz,
+                     freq_step_mhz);
+}
+
+void GpuSpec::require_freq(int freq_mhz, const std::string& what) const {
+  if (!supports_freq(freq_mhz)) {
+    throw InvalidInput(fmt::format("{}: {}", what, supported_freqs_text()));
+  }
 }
 
 std::vector<std::string> gpu_names() {

@@ -83,28 +83,32 @@ std::string prefix(InstructionKind k) { return k == InstructionKind::kForward ? 
 
 }  // namespace
 
-PartitionSet partition_workload(const Workload& w) {
-  PartitionSet ps;
-  ps.graph = build_kernel_graph(w);
-  const bool overlap = w.batch.nano_batches == 2;
+namespace {
 
-  // Pass 1: the raw (compute block, collective) pairs, and which collective kinds each block meets.
+// Pass 1: the raw (compute block, collective) pairs in execution order, and which collective
+// kinds each block meets. Nano-batching pairs block i of one nano-batch with the collective
+// of block i-1 of the other.
+std::vector<RawPartition> raw_partitions(const KernelGraph& g,
+                                         std::map<std::string, std::set<CollectiveKind>>& kinds) {
   std::vector<RawPartition> raw;
-  std::map<std::string, std::set<CollectiveKind>> kinds_of_block;
-  for (const auto& sg : ps.graph.stages) {
+  for (const auto& sg : g.stages) {
     for (const InstructionGraph* ig : {&sg.forward, &sg.backward}) {
-      if (!overlap) continue;
       const auto& b = ig->blocks;
       for (std::size_t i = 1; i < 2 * b.size(); ++i) {
         const Block& c = b[i / 2];
         const Kernel& coll = b[(i - 1) / 2].collective;
         raw.push_back({&c, &coll, sg.stage, ig->kind});
-        kinds_of_block[prefix(c.direction) + c.name].insert(coll.collective);
+        kinds[prefix(c.direction) + c.name].insert(coll.collective);
       }
     }
   }
+  return raw;
+}
 
-  // Pass 2: key, signature and de-duplication.
+// Pass 2: key, signature and de-duplication. Returns the partition index of every raw pair.
+std::vector<int> deduplicate(const std::vector<RawPartition>& raw,
+                             const std::map<std::string, std::set<CollectiveKind>>& kinds,
+                             PartitionSet& ps) {
   std::map<std::string, int> by_signature;
   std::map<std::string, int> versions_of_key;
   std::vector<int> raw_index(raw.size());
@@ -112,12 +116,12 @@ PartitionSet partition_workload(const Workload& w) {
     const auto& rp = raw[r];
     const std::string base = prefix(rp.compute->direction) + rp.compute->name;
     std::string key = base;
-    if (kinds_of_block[base].size() > 1)
-      key += std::string("_") + short_name(rp.collective->collective);
+    if (kinds.at(base).size() > 1) key += std::string("_") + short_name(rp.collective->collective);
     std::string text = key;
-    for (const auto& k : rp.compute->ops) text += "\n" + kernel_text(k);
+    // Appended piecewise: "\n" + string trips GCC 12's false -Wrestrict once inlined here.
+    for (const auto& k : rp.compute->ops) text.append("\n").append(kernel_text(k));
     for (const auto& s : rp.compute->slots) text += fmt::format("\nslot {}@{}", s.name, s.op_index);
-    text += "\n" + kernel_text(*rp.collective);
+    text.append("\n").append(kernel_text(*rp.collective));
     const std::string sig = fmt::format("{:016x}", fnv1a(text));
     auto it = by_signature.find(sig);
     if (it == by_signature.end()) {
@@ -139,38 +143,58 @@ PartitionSet partition_workload(const Workload& w) {
     }
     ++occ.back().count;
   }
+  return raw_index;
+}
 
-  // Pass 3: the execution order of every instruction.
-  auto add_segment = [&](InstructionSteps& is, std::string name, std::vector<Kernel> kernels) {
-    if (kernels.empty()) return;
-    ps.segments.push_back({std::move(name), is.stage, to_string(is.kind), std::move(kernels)});
-    is.steps.push_back({Step::Kind::kSegment, static_cast<int>(ps.segments.size()) - 1});
-  };
+void add_segment(PartitionSet& ps, InstructionSteps& is, std::string name,
+                 std::vector<Kernel> kernels) {
+  if (kernels.empty()) return;
+  ps.segments.push_back({std::move(name), is.stage, to_string(is.kind), std::move(kernels)});
+  is.steps.push_back({Step::Kind::kSegment, static_cast<int>(ps.segments.size()) - 1});
+}
+
+// Pass 3 for one instruction: its steps in execution order; `next_raw` walks raw_index.
+InstructionSteps instruction_steps(PartitionSet& ps, const InstructionGraph& ig, int stage,
+                                   bool overlap, const std::vector<int>& raw_index,
+                                   std::size_t& next_raw) {
+  InstructionSteps is;
+  is.stage = stage;
+  is.kind = ig.kind;
+  const bool fwd = ig.kind == InstructionKind::kForward;
+  add_segment(ps, is, fwd ? "embedding" : "output_layer_bwd", ig.prologue);
+  const auto& b = ig.blocks;
+  if (overlap && !b.empty()) {
+    add_segment(ps, is, "stack_head", b.front().ops);
+    for (std::size_t i = 1; i < 2 * b.size(); ++i) {
+      is.steps.push_back({Step::Kind::kPartition, raw_index[next_raw++]});
+    }
+    add_segment(ps, is, "stack_tail", {b.back().collective});
+  } else {
+    std::vector<Kernel> seq;
+    for (const auto& blk : b) {
+      seq.insert(seq.end(), blk.ops.begin(), blk.ops.end());
+      seq.push_back(blk.collective);
+    }
+    add_segment(ps, is, "layer_stack", seq);
+  }
+  add_segment(ps, is, fwd ? "output_layer" : "embedding_bwd", ig.epilogue);
+  return is;
+}
+
+}  // namespace
+
+PartitionSet partition_workload(const Workload& w) {
+  PartitionSet ps;
+  ps.graph = build_kernel_graph(w);
+  const bool overlap = w.batch.nano_batches == 2;
+  std::map<std::string, std::set<CollectiveKind>> kinds_of_block;
+  const std::vector<RawPartition> raw =
+      overlap ? raw_partitions(ps.graph, kinds_of_block) : std::vector<RawPartition>{};
+  const std::vector<int> raw_index = deduplicate(raw, kinds_of_block, ps);
   std::size_t next_raw = 0;
   for (const auto& sg : ps.graph.stages) {
     for (const InstructionGraph* ig : {&sg.forward, &sg.backward}) {
-      InstructionSteps is;
-      is.stage = sg.stage;
-      is.kind = ig->kind;
-      const bool fwd = ig->kind == InstructionKind::kForward;
-      add_segment(is, fwd ? "embedding" : "output_layer_bwd", ig->prologue);
-      const auto& b = ig->blocks;
-      if (overlap && !b.empty()) {
-        add_segment(is, "stack_head", b.front().ops);
-        for (std::size_t i = 1; i < 2 * b.size(); ++i) {
-          is.steps.push_back({Step::Kind::kPartition, raw_index[next_raw++]});
-        }
-        add_segment(is, "stack_tail", {b.back().collective});
-      } else {
-        std::vector<Kernel> seq;
-        for (const auto& blk : b) {
-          seq.insert(seq.end(), blk.ops.begin(), blk.ops.end());
-          seq.push_back(blk.collective);
-        }
-        add_segment(is, "layer_stack", seq);
-      }
-      add_segment(is, fwd ? "output_layer" : "embedding_bwd", ig->epilogue);
-      ps.instructions.push_back(std::move(is));
+      ps.instructions.push_back(instruction_steps(ps, *ig, sg.stage, overlap, raw_index, next_raw));
     }
     for (const auto& k : sg.per_iteration) {
       ps.segments.push_back({k.name, sg.stage, "iteration", {k}});

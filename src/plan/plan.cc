@@ -57,6 +57,12 @@ class Reader {
     if (!v.is_number_integer()) fail(join_path(path, key), "expected an integer");
     return v.get<int>();
   }
+  int integer_at_least(const nlohmann::json& j, const std::string& key, const std::string& path,
+                       int lo) const {
+    const int v = integer(j, key, path);
+    if (v < lo) fail(join_path(path, key), fmt::format("{}: must be >= {}", v, lo));
+    return v;
+  }
   double number(const nlohmann::json& j, const std::string& key, const std::string& path) const {
     const auto& v = at(j, key, path);
     if (!v.is_number()) fail(join_path(path, key), "expected a number");
@@ -267,9 +273,9 @@ nlohmann::json Plan::to_json() const {
   return j;
 }
 
-Plan Plan::from_json(const nlohmann::json& j, const std::string& source) {
-  const Reader r(source);
-  Plan p;
+namespace {
+
+void check_format_and_version(const Reader& r, const nlohmann::json& j) {
   if (!j.is_object()) r.fail("<top level>", "expected a JSON object (a Kareus plan)");
   if (!j.contains("format") || !j["format"].is_string() || j["format"] != kFormat) {
     r.fail("format", fmt::format("expected '{}' (not a Kareus plan)", kFormat));
@@ -281,24 +287,24 @@ Plan Plan::from_json(const nlohmann::json& j, const std::string& source) {
            "start times and was not validated; re-create it with `kareus plan WORKLOAD ... --out "
            "PLAN` (this build writes and reads version 2)");
   }
-  if (version != kVersion) {
-    r.fail("version",
-           fmt::format("{} is not supported (this build reads version {})", version, kVersion));
+  if (version != Plan::kVersion) {
+    r.fail("version", fmt::format("{} is not supported (this build reads version {})", version,
+                                  Plan::kVersion));
   }
+}
+
+// The workload's identity and the parallel layout.
+void parse_identity(const Reader& r, const nlohmann::json& j, Plan& p) {
   const auto& w = r.at(j, "workload", "");
   p.workload = r.text(w, "name", "workload");
   p.workload_digest = r.text(w, "digest", "workload");
   p.gpu = r.text(w, "gpu", "workload");
-  p.gpus = r.integer(w, "gpus", "workload");
+  p.gpus = r.integer_at_least(w, "gpus", "workload", 1);
   const auto& par = r.at(j, "parallel", "");
-  p.layout.tp = r.integer(par, "tp", "parallel");
-  p.layout.cp = r.integer(par, "cp", "parallel");
-  p.layout.dp = r.integer(par, "dp", "parallel");
-  p.layout.pp = r.integer(par, "pp", "parallel");
-  for (const auto& [name, v] : {std::pair{"tp", p.layout.tp}, std::pair{"cp", p.layout.cp},
-                                std::pair{"dp", p.layout.dp}, std::pair{"pp", p.layout.pp}}) {
-    if (v < 1) r.fail(join_path("parallel", name), fmt::format("{}: must be >= 1", v));
-  }
+  p.layout.tp = r.integer_at_least(par, "tp", "parallel", 1);
+  p.layout.cp = r.integer_at_least(par, "cp", "parallel", 1);
+  p.layout.dp = r.integer_at_least(par, "dp", "parallel", 1);
+  p.layout.pp = r.integer_at_least(par, "pp", "parallel", 1);
   if (r.text(par, "rank_order", "parallel") != RankLayout::kOrder) {
     r.fail("parallel.rank_order",
            fmt::format("allowed: '{}' (Megatron-LM's default order)", RankLayout::kOrder));
@@ -312,6 +318,121 @@ Plan Plan::from_json(const nlohmann::json& j, const std::string& source) {
   } else {
     r.fail("execution", fmt::format("'{}': allowed: overlapped, sequential", ex));
   }
+}
+
+// An SM count anywhere in a plan: the rule of src/search/space.cc, 1..kMaxCollectiveSms
+// (NCCL's channel limit); checked without a workload so that `plan show` refuses it too.
+int parse_sms(const Reader& r, const nlohmann::json& c, const std::string& path) {
+  const int sms = r.integer(c, "sms", path);
+  if (sms < 1 || sms > kMaxCollectiveSms) {
+    r.fail(join_path(path, "sms"),
+           fmt::format("{}: allowed 1..{} (NCCL's channel limit)", sms, kMaxCollectiveSms));
+  }
+  return sms;
+}
+
+// The collective's launch (SMs, slot, the compute op it is launched before), the same fields in
+// a partition entry and in a per-layer mix entry.
+template <class Launch>
+void parse_launch(const Reader& r, const nlohmann::json& m, const std::string& mp, Launch& e) {
+  e.sms = parse_sms(r, m, mp);
+  e.slot = r.text(m, "slot", mp);
+  const auto& lb = r.at(m, "launch_before", mp);
+  e.slot_op = r.text(lb, "op", mp + ".launch_before");
+  e.slot_op_index = r.integer_at_least(lb, "index", mp + ".launch_before", 0);
+}
+
+PlanMixEntry parse_mix_entry(const Reader& r, const nlohmann::json& m, const std::string& mp) {
+  PlanMixEntry e;
+  parse_launch(r, m, mp, e);
+  e.first_instance = r.integer_at_least(m, "first_instance", mp, 0);
+  e.instances = r.integer_at_least(m, "instances", mp, 1);
+  return e;
+}
+
+PlanPartition parse_partition(const Reader& r, const nlohmann::json& c, const std::string& pp) {
+  PlanPartition part;
+  parse_launch(r, c, pp, part);
+  part.recompute = r.boolean(c, "recompute", pp);
+  part.instances = r.integer_at_least(c, "instances", pp, 0);
+  if (c.contains("mix")) {
+    const auto& mix = r.array(c, "mix", pp);
+    for (std::size_t mi = 0; mi < mix.size(); ++mi) {
+      part.mix.push_back(parse_mix_entry(r, mix[mi], index_path(pp + ".mix", mi)));
+    }
+  }
+  return part;
+}
+
+// One instruction; `prev` is the stage's previous one (nullptr for the first).
+PlanInstruction parse_instruction(const Reader& r, const nlohmann::json& ij, const std::string& ip,
+                                  const PlanStage& s, const PlanInstruction* prev,
+                                  double tolerance_s) {
+  PlanInstruction in;
+  const std::string kind = r.text(ij, "instruction", ip);
+  if (kind != "forward" && kind != "backward") {
+    r.fail(ip + ".instruction", fmt::format("'{}': allowed: forward, backward", kind));
+  }
+  in.kind = kind == "forward" ? InstructionKind::kForward : InstructionKind::kBackward;
+  in.microbatch = r.integer_at_least(ij, "microbatch", ip, 0);
+  in.freq_mhz = r.integer_at_least(ij, "freq_mhz", ip, 1);
+  in.clock_switch = r.boolean(ij, "clock_switch", ip);
+  in.start_s = r.non_negative(ij, "start_s", ip);
+  in.end_s = r.non_negative(ij, "end_s", ip);
+  in.time_s = r.non_negative(ij, "time_s", ip);
+  in.dynamic_energy_j = r.non_negative(ij, "dynamic_energy_j", ip);
+  if (in.end_s < in.start_s) {
+    r.fail(ip + ".end_s", fmt::format("{}: must be >= start_s ({})", in.end_s, in.start_s));
+  }
+  if (in.end_s > s.end_s + tolerance_s) {
+    r.fail(ip + ".end_s", fmt::format("{}: must be <= the stage's end_s ({})", in.end_s, s.end_s));
+  }
+  if (prev && in.start_s < prev->start_s) {
+    r.fail(ip + ".start_s",
+           fmt::format("{}: must be >= the previous instruction's start_s ({}): a stage runs "
+                       "its instructions one after another",
+                       in.start_s, prev->start_s));
+  }
+  const auto& parts = r.at(ij, "partitions", ip);
+  if (!parts.is_object()) r.fail(ip + ".partitions", "expected an object keyed by partition");
+  for (const auto& [key, c] : parts.items()) {
+    in.partitions.emplace(key, parse_partition(r, c, ip + ".partitions." + key));
+  }
+  return in;
+}
+
+PlanStage parse_stage(const Reader& r, const nlohmann::json& sj, const std::string& sp,
+                      const Plan& p, double tolerance_s) {
+  PlanStage s;
+  s.stage = r.integer_at_least(sj, "stage", sp, 0);
+  for (std::size_t k = 0; k < r.array(sj, "ranks", sp).size(); ++k) {
+    const auto& v = sj["ranks"][k];
+    if (!v.is_number_integer()) r.fail(index_path(sp + ".ranks", k), "expected an integer");
+    s.ranks.push_back(v.get<int>());
+  }
+  s.clock_changes = r.integer_at_least(sj, "clock_changes", sp, 0);
+  s.end_s = r.non_negative(sj, "end_s", sp);
+  if (s.end_s > p.iteration_time_s + tolerance_s) {
+    r.fail(sp + ".end_s", fmt::format("{}: must be <= iteration_time_s ({}): the iteration ends "
+                                      "when its last stage does",
+                                      s.end_s, p.iteration_time_s));
+  }
+  const auto& instrs = r.array(sj, "instructions", sp);
+  for (std::size_t ii = 0; ii < instrs.size(); ++ii) {
+    const PlanInstruction* prev = ii == 0 ? nullptr : &s.instructions.back();
+    s.instructions.push_back(parse_instruction(r, instrs[ii], index_path(sp + ".instructions", ii),
+                                               s, prev, tolerance_s));
+  }
+  return s;
+}
+
+}  // namespace
+
+Plan Plan::from_json(const nlohmann::json& j, const std::string& source) {
+  const Reader r(source);
+  check_format_and_version(r, j);
+  Plan p;
+  parse_identity(r, j, p);
   p.goal = j.contains("goal") ? r.text(j, "goal", "") : "";
   p.iteration_time_s = r.positive(j, "iteration_time_s", "");
   p.energy_j = r.positive(j, "energy_j", "");
@@ -323,85 +444,7 @@ Plan Plan::from_json(const nlohmann::json& j, const std::string& source) {
   const double tolerance_s = kTimeTolerance * p.iteration_time_s;
   const auto& stages = r.array(j, "stages", "");
   for (std::size_t si = 0; si < stages.size(); ++si) {
-    const std::string sp = index_path("stages", si);
-    const auto& sj = stages[si];
-    PlanStage s;
-    s.stage = r.integer(sj, "stage", sp);
-    for (std::size_t k = 0; k < r.array(sj, "ranks", sp).size(); ++k) {
-      const auto& v = sj["ranks"][k];
-      if (!v.is_number_integer()) r.fail(index_path(sp + ".ranks", k), "expected an integer");
-      s.ranks.push_back(v.get<int>());
-    }
-    s.clock_changes = r.integer(sj, "clock_changes", sp);
-    s.end_s = r.non_negative(sj, "end_s", sp);
-    if (s.end_s > p.iteration_time_s + tolerance_s) {
-      r.fail(sp + ".end_s", fmt::format("{}: must be <= iteration_time_s ({}): the iteration ends "
-                                        "when its last stage does",
-                                        s.end_s, p.iteration_time_s));
-    }
-    const auto& instrs = r.array(sj, "instructions", sp);
-    for (std::size_t ii = 0; ii < instrs.size(); ++ii) {
-      const std::string ip = index_path(sp + ".instructions", ii);
-      const auto& ij = instrs[ii];
-      PlanInstruction in;
-      const std::string kind = r.text(ij, "instruction", ip);
-      if (kind != "forward" && kind != "backward") {
-        r.fail(ip + ".instruction", fmt::format("'{}': allowed: forward, backward", kind));
-      }
-      in.kind = kind == "forward" ? InstructionKind::kForward : InstructionKind::kBackward;
-      in.microbatch = r.integer(ij, "microbatch", ip);
-      in.freq_mhz = r.integer(ij, "freq_mhz", ip);
-      in.clock_switch = r.boolean(ij, "clock_switch", ip);
-      in.start_s = r.non_negative(ij, "start_s", ip);
-      in.end_s = r.non_negative(ij, "end_s", ip);
-      in.time_s = r.non_negative(ij, "time_s", ip);
-      in.dynamic_energy_j = r.non_negative(ij, "dynamic_energy_j", ip);
-      if (in.end_s < in.start_s) {
-        r.fail(ip + ".end_s", fmt::format("{}: must be >= start_s ({})", in.end_s, in.start_s));
-      }
-      if (in.end_s > s.end_s + tolerance_s) {
-        r.fail(ip + ".end_s",
-               fmt::format("{}: must be <= the stage's end_s ({})", in.end_s, s.end_s));
-      }
-      const PlanInstruction* prev = ii == 0 ? nullptr : &s.instructions.back();
-      if (prev && in.start_s < prev->start_s) {
-        r.fail(ip + ".start_s",
-               fmt::format("{}: must be >= the previous instruction's start_s ({}): a stage runs "
-                           "its instructions one after another",
-                           in.start_s, prev->start_s));
-      }
-      const auto& parts = r.at(ij, "partitions", ip);
-      if (!parts.is_object()) r.fail(ip + ".partitions", "expected an object keyed by partition");
-      for (const auto& [key, c] : parts.items()) {
-        const std::string pp = ip + ".partitions." + key;
-        PlanPartition part;
-        part.sms = r.integer(c, "sms", pp);
-        part.slot = r.text(c, "slot", pp);
-        const auto& lb = r.at(c, "launch_before", pp);
-        part.slot_op = r.text(lb, "op", pp + ".launch_before");
-        part.slot_op_index = r.integer(lb, "index", pp + ".launch_before");
-        part.recompute = r.boolean(c, "recompute", pp);
-        part.instances = r.integer(c, "instances", pp);
-        if (c.contains("mix")) {
-          const auto& mix = r.array(c, "mix", pp);
-          for (std::size_t mi = 0; mi < mix.size(); ++mi) {
-            const std::string mp = index_path(pp + ".mix", mi);
-            PlanMixEntry e;
-            e.sms = r.integer(mix[mi], "sms", mp);
-            e.slot = r.text(mix[mi], "slot", mp);
-            const auto& mlb = r.at(mix[mi], "launch_before", mp);
-            e.slot_op = r.text(mlb, "op", mp + ".launch_before");
-            e.slot_op_index = r.integer(mlb, "index", mp + ".launch_before");
-            e.first_instance = r.integer(mix[mi], "first_instance", mp);
-            e.instances = r.integer(mix[mi], "instances", mp);
-            part.mix.push_back(std::move(e));
-          }
-        }
-        in.partitions.emplace(key, std::move(part));
-      }
-      s.instructions.push_back(std::move(in));
-    }
-    p.stages.push_back(std::move(s));
+    p.stages.push_back(parse_stage(r, stages[si], index_path("stages", si), p, tolerance_s));
   }
   return p;
 }
@@ -436,12 +479,9 @@ void check_setting(const Reader& r, const std::string& path, const Partition& pa
   }
 }
 
-}  // namespace
-
-void validate_plan(const Plan& p, const Workload& w, const std::string& source) {
-  const Reader r(source);
-  const PartitionSet ps = partition_workload(w);
-  const std::string digest = workload_digest(w, ps);
+// Digest, GPU, GPU count, rank layout and stage count against the workload.
+void check_plan_identity(const Reader& r, const Plan& p, const Workload& w,
+                         const std::string& digest) {
   if (p.workload_digest != digest) {
     r.fail(
         "workload.digest",
@@ -462,122 +502,145 @@ void validate_plan(const Plan& p, const Workload& w, const std::string& source) 
                                    p.layout.tp, p.layout.cp, p.layout.dp, p.layout.pp, want.tp,
                                    want.cp, want.dp, want.pp));
   }
-  const GpuSpec& gpu = w.gpu();
+  if (static_cast<int>(p.stages.size()) != w.parallel.pp) {
+    r.fail("stages",
+           fmt::format("{} stages: the workload has pp = {}", p.stages.size(), w.parallel.pp));
+  }
+}
+
+// One partition's setting in an instruction: SMs, slot, recompute flag, instances, mix.
+void check_partition(const Reader& r, const std::string& pp_path, const PlanPartition& c,
+                     const Partition& part, InstructionKind kind, int count) {
+  check_setting(r, pp_path, part, c.sms, c.slot, c.slot_op, c.slot_op_index);
+  const bool recompute =
+      kind == InstructionKind::kBackward && part.direction == InstructionKind::kForward;
+  if (c.recompute != recompute) {
+    r.fail(pp_path + ".recompute",
+           fmt::format("{}: partition {} in a {} instruction is {}", c.recompute, part.key,
+                       to_string(kind),
+                       recompute ? "a recomputed forward block (true)" : "not recomputed (false)"));
+  }
+  if (c.instances != count) {
+    r.fail(pp_path + ".instances",
+           fmt::format("{}: the instruction runs {} instances", c.instances, count));
+  }
+  int next = 0;
+  for (std::size_t mi = 0; mi < c.mix.size(); ++mi) {
+    const auto& e = c.mix[mi];
+    const std::string mp = index_path(pp_path + ".mix", mi);
+    check_setting(r, mp, part, e.sms, e.slot, e.slot_op, e.slot_op_index);
+    if (e.first_instance != next || e.instances < 1) {
+      r.fail(mp, fmt::format("instances {}..{}: mix entries cover the instances in "
+                             "execution order, this one must start at {} with at least 1",
+                             e.first_instance, e.first_instance + e.instances - 1, next));
+    }
+    next += e.instances;
+  }
+  if (!c.mix.empty() && next != count) {
+    r.fail(pp_path + ".mix",
+           fmt::format("covers {} instances: the instruction runs {}", next, count));
+  }
+}
+
+// The partitions of an overlapped instruction: exactly the workload's, each set validly.
+void check_instruction_partitions(const Reader& r, const std::string& ip, const PlanInstruction& in,
+                                  const PartitionSet& ps, int stage) {
+  // The instruction's partitions and their instance counts, in execution order.
+  std::map<std::string, int> count;
+  std::vector<std::string> keys;
+  for (const auto& step : ps.instruction(stage, in.kind).steps) {
+    if (step.kind != Step::Kind::kPartition) continue;
+    const auto& key = ps.partitions[static_cast<std::size_t>(step.index)].key;
+    if (count[key]++ == 0) keys.push_back(key);
+  }
+  for (const auto& [key, c] : in.partitions) {
+    if (!count.count(key)) {
+      r.fail(ip + ".partitions." + key, fmt::format("unknown partition; this {} instruction has {}",
+                                                    to_string(in.kind), fmt::join(keys, ", ")));
+    }
+  }
+  for (const auto& key : keys) {
+    auto it = in.partitions.find(key);
+    const std::string pp_path = ip + ".partitions." + key;
+    if (it == in.partitions.end()) r.fail(pp_path, "missing (every partition needs a setting)");
+    check_partition(r, pp_path, it->second, ps.partition(key), in.kind, count[key]);
+  }
+}
+
+// An instruction's place in the 1F1B order, its clock and its clock_switch flag.
+void check_instruction_clock(const Reader& r, const std::string& ip, const PlanInstruction& in,
+                             const PlanInstruction* prev, std::pair<InstructionKind, int> slot,
+                             const GpuSpec& gpu) {
+  if (in.kind != slot.first || in.microbatch != slot.second) {
+    r.fail(ip, fmt::format("{} of micro-batch {}: the 1F1B schedule runs {} of micro-batch "
+                           "{} here",
+                           to_string(in.kind), in.microbatch, to_string(slot.first), slot.second));
+  }
+  if (!gpu.supports_freq(in.freq_mhz)) {
+    r.fail(ip + ".freq_mhz",
+           fmt::format("{}: {} supports {}..{} MHz in {} MHz steps", in.freq_mhz, gpu.name,
+                       gpu.min_freq_mhz, gpu.max_freq_mhz, gpu.freq_step_mhz));
+  }
+  // clock_switch and clock_changes are derived from the freq_mhz sequence; the controller and
+  // the prediction both rely on them agreeing with it. Checked after the clocks themselves, so
+  // that a bad clock is reported as such.
+  const bool switches = prev && prev->freq_mhz != in.freq_mhz;
+  if (in.clock_switch != switches) {
+    r.fail(ip + ".clock_switch",
+           prev ? fmt::format("{}: freq_mhz {} {} the previous instruction's {}: expected {}",
+                              in.clock_switch, in.freq_mhz, switches ? "differs from" : "equals",
+                              prev->freq_mhz, switches)
+                : fmt::format("{}: the stage's first instruction never switches: expected "
+                              "false",
+                              in.clock_switch));
+  }
+}
+
+void check_stage(const Reader& r, const Plan& p, int s, const Workload& w, const PartitionSet& ps) {
+  const PlanStage& st = p.stages[static_cast<std::size_t>(s)];
+  const std::string sp = index_path("stages", static_cast<std::size_t>(s));
   const int pp = w.parallel.pp, mbs = w.batch.micro_batches;
-  if (static_cast<int>(p.stages.size()) != pp) {
-    r.fail("stages", fmt::format("{} stages: the workload has pp = {}", p.stages.size(), pp));
+  if (st.stage != s) r.fail(sp + ".stage", fmt::format("{}: expected {}", st.stage, s));
+  if (st.ranks != p.layout.stage_ranks(s)) {
+    r.fail(sp + ".ranks",
+           fmt::format("[{}]: stage {} is ranks [{}] (order {})", fmt::join(st.ranks, ","), s,
+                       fmt::join(p.layout.stage_ranks(s), ","), RankLayout::kOrder));
   }
-  for (int s = 0; s < pp; ++s) {
-    const PlanStage& st = p.stages[static_cast<std::size_t>(s)];
-    const std::string sp = index_path("stages", static_cast<std::size_t>(s));
-    if (st.stage != s) r.fail(sp + ".stage", fmt::format("{}: expected {}", st.stage, s));
-    if (st.ranks != want.stage_ranks(s)) {
-      r.fail(sp + ".ranks",
-             fmt::format("[{}]: stage {} is ranks [{}] (order {})", fmt::join(st.ranks, ","), s,
-                         fmt::join(want.stage_ranks(s), ","), RankLayout::kOrder));
-    }
-    const auto order = one_f_one_b_order(s, pp, mbs);
-    if (st.instructions.size() != order.size()) {
-      r.fail(sp + ".instructions",
-             fmt::format("{} instructions: stage {} of the workload's 1F1B schedule has {} ({} "
-                         "forward and {} backward)",
-                         st.instructions.size(), s, order.size(), mbs, mbs));
-    }
-    for (std::size_t i = 0; i < order.size(); ++i) {
-      const PlanInstruction& in = st.instructions[i];
-      const std::string ip = index_path(sp + ".instructions", i);
-      if (in.kind != order[i].first || in.microbatch != order[i].second) {
-        r.fail(ip, fmt::format("{} of micro-batch {}: the 1F1B schedule runs {} of micro-batch "
-                               "{} here",
-                               to_string(in.kind), in.microbatch, to_string(order[i].first),
-                               order[i].second));
-      }
-      if (!gpu.supports_freq(in.freq_mhz)) {
-        r.fail(ip + ".freq_mhz",
-               fmt::format("{}: {} supports {}..{} MHz in {} MHz steps", in.freq_mhz, gpu.name,
-                           gpu.min_freq_mhz, gpu.max_freq_mhz, gpu.freq_step_mhz));
-      }
-      // clock_switch and clock_changes are derived from the freq_mhz sequence; the controller
-      // and the prediction both rely on them agreeing with it. Checked after the clocks
-      // themselves, so that a bad clock is reported as such.
-      const PlanInstruction* prev = i == 0 ? nullptr : &st.instructions[i - 1];
-      const bool switches = prev && prev->freq_mhz != in.freq_mhz;
-      if (in.clock_switch != switches) {
-        r.fail(ip + ".clock_switch",
-               prev ? fmt::format("{}: freq_mhz {} {} the previous instruction's {}: expected {}",
-                                  in.clock_switch, in.freq_mhz,
-                                  switches ? "differs from" : "equals", prev->freq_mhz, switches)
-                    : fmt::format("{}: the stage's first instruction never switches: expected "
-                                  "false",
-                                  in.clock_switch));
-      }
-      if (p.execution == ExecutionMode::kSequential) {
-        if (!in.partitions.empty()) {
-          r.fail(ip + ".partitions", "a sequential plan runs no partitions: expected {}");
-        }
-        continue;
-      }
-      // The instruction's partitions and their instance counts, in execution order.
-      std::map<std::string, int> count;
-      std::vector<std::string> keys;
-      for (const auto& step : ps.instruction(s, in.kind).steps) {
-        if (step.kind != Step::Kind::kPartition) continue;
-        const auto& key = ps.partitions[static_cast<std::size_t>(step.index)].key;
-        if (count[key]++ == 0) keys.push_back(key);
-      }
-      for (const auto& [key, c] : in.partitions) {
-        if (!count.count(key)) {
-          r.fail(ip + ".partitions." + key,
-                 fmt::format("unknown partition; this {} instruction has {}", to_string(in.kind),
-                             fmt::join(keys, ", ")));
-        }
-      }
-      for (const auto& key : keys) {
-        auto it = in.partitions.find(key);
-        const std::string pp_path = ip + ".partitions." + key;
-        if (it == in.partitions.end()) r.fail(pp_path, "missing (every partition needs a setting)");
-        const PlanPartition& c = it->second;
-        const Partition& part = ps.partition(key);
-        check_setting(r, pp_path, part, c.sms, c.slot, c.slot_op, c.slot_op_index);
-        const bool recompute =
-            in.kind == InstructionKind::kBackward && part.direction == InstructionKind::kForward;
-        if (c.recompute != recompute) {
-          r.fail(pp_path + ".recompute", fmt::format("{}: partition {} in a {} instruction is {}",
-                                                     c.recompute, key, to_string(in.kind),
-                                                     recompute ? "a recomputed forward block (true)"
-                                                               : "not recomputed "
-                                                                 "(false)"));
-        }
-        if (c.instances != count[key]) {
-          r.fail(pp_path + ".instances",
-                 fmt::format("{}: the instruction runs {} instances", c.instances, count[key]));
-        }
-        int next = 0;
-        for (std::size_t mi = 0; mi < c.mix.size(); ++mi) {
-          const auto& e = c.mix[mi];
-          const std::string mp = index_path(pp_path + ".mix", mi);
-          check_setting(r, mp, part, e.sms, e.slot, e.slot_op, e.slot_op_index);
-          if (e.first_instance != next || e.instances < 1) {
-            r.fail(mp, fmt::format("instances {}..{}: mix entries cover the instances in "
-                                   "execution order, this one must start at {} with at least 1",
-                                   e.first_instance, e.first_instance + e.instances - 1, next));
-          }
-          next += e.instances;
-        }
-        if (!c.mix.empty() && next != count[key]) {
-          r.fail(pp_path + ".mix",
-                 fmt::format("covers {} instances: the instruction runs {}", next, count[key]));
-        }
-      }
-    }
-    const int changes =
-        static_cast<int>(st.clock_runs().size()) - (st.instructions.empty() ? 0 : 1);
-    if (st.clock_changes != changes) {
-      r.fail(sp + ".clock_changes",
-             fmt::format("{}: the stage's freq_mhz sequence changes {} times: expected {}",
-                         st.clock_changes, changes, changes));
-    }
+  const auto order = one_f_one_b_order(s, pp, mbs);
+  if (st.instructions.size() != order.size()) {
+    r.fail(sp + ".instructions",
+           fmt::format("{} instructions: stage {} of the workload's 1F1B schedule has {} ({} "
+                       "forward and {} backward)",
+                       st.instructions.size(), s, order.size(), mbs, mbs));
   }
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const PlanInstruction& in = st.instructions[i];
+    const std::string ip = index_path(sp + ".instructions", i);
+    const PlanInstruction* prev = i == 0 ? nullptr : &st.instructions[i - 1];
+    check_instruction_clock(r, ip, in, prev, order[i], w.gpu());
+    if (p.execution == ExecutionMode::kSequential) {
+      if (!in.partitions.empty()) {
+        r.fail(ip + ".partitions", "a sequential plan runs no partitions: expected {}");
+      }
+      continue;
+    }
+    check_instruction_partitions(r, ip, in, ps, s);
+  }
+  const int changes = static_cast<int>(st.clock_runs().size()) - (st.instructions.empty() ? 0 : 1);
+  if (st.clock_changes != changes) {
+    r.fail(sp + ".clock_changes",
+           fmt::format("{}: the stage's freq_mhz sequence changes {} times: expected {}",
+                       st.clock_changes, changes, changes));
+  }
+}
+
+}  // namespace
+
+void validate_plan(const Plan& p, const Workload& w, const std::string& source) {
+  const Reader r(source);
+  const PartitionSet ps = partition_workload(w);
+  check_plan_identity(r, p, w, workload_digest(w, ps));
+  for (int s = 0; s < w.parallel.pp; ++s) check_stage(r, p, s, w, ps);
 }
 
 InstructionSettings Plan::settings(int stage, InstructionKind kind, int microbatch) const {

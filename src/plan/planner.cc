@@ -153,6 +153,21 @@ PartitionOption Planner::segment_cost(const Segment& s, int freq_mhz) {
   return {{freq_mhz, 0, "-"}, m.time_s, m.dynamic_energy_j};
 }
 
+// Measures, in compose_instruction's order, every segment cost it is about to ask for: one call,
+// so that distributed profiling (CachedProfiler's parallel mode) measures them side by side.
+static void prefetch_segments(CachedProfiler& prof, const PartitionSet& ps, int stage,
+                              InstructionKind k, const std::vector<int>& freqs_mhz) {
+  std::vector<std::pair<const Segment*, int>> points;
+  for (int f : freqs_mhz) {
+    for (const auto& st : ps.instruction(stage, k).steps) {
+      if (st.kind == Step::Kind::kSegment) {
+        points.emplace_back(&ps.segments[static_cast<std::size_t>(st.index)], f);
+      }
+    }
+  }
+  prof.measure_segments(points);
+}
+
 std::vector<InstructionOption> Planner::instruction_options(Method m, int stage, InstructionKind k,
                                                             bool per_instance) {
   const int fmax = *std::max_element(freqs_.begin(), freqs_.end());
@@ -163,6 +178,7 @@ std::vector<InstructionOption> Planner::instruction_options(Method m, int stage,
   co.freqs_mhz = all_clocks ? freqs_ : std::vector<int>{fmax};
   SegmentCostFn seg = [this](const Segment& s, int f) { return segment_cost(s, f); };
   if (m == Method::kPerseus || m == Method::kMegatron) {
+    prefetch_segments(profiler_, sequential_partitions(), stage, k, co.freqs_mhz);
     return compose_instruction(sequential_partitions(), stage, k, {}, seg, co);
   }
   std::map<std::string, PartitionFronts> fronts;
@@ -171,70 +187,45 @@ std::vector<InstructionOption> Planner::instruction_options(Method m, int stage,
     fronts = searched_fronts_;
   } else {
     // NCCL's defaults: its default CTA count, launched at the partition start.
+    // One batch per partition (the same points in the same order as one at a time), so that
+    // distributed profiling measures them side by side.
     for (const auto& p : ps_.partitions) {
+      std::vector<PartitionConfig> configs;
       for (int f : co.freqs_mhz) {
-        const PartitionConfig c{f, w_.gpu().nccl_default_channels, p.slots.front().name};
-        const Measurement meas = profiler_.measure(p, c);
-        fronts[p.key][f] = {{c, meas.time_s, meas.dynamic_energy_j}};
+        configs.push_back({f, w_.gpu().nccl_default_channels, p.slots.front().name});
+      }
+      const std::vector<Measurement> meas = profiler_.measure_batch(p, configs);
+      for (std::size_t i = 0; i < configs.size(); ++i) {
+        fronts[p.key][configs[i].freq_mhz] = {
+            {configs[i], meas[i].time_s, meas[i].dynamic_energy_j}};
       }
     }
   }
+  prefetch_segments(profiler_, ps_, stage, k, co.freqs_mhz);
   return compose_instruction(ps_, stage, k, fronts, seg, co);
 }
 
-MethodFrontier Planner::frontier(Method m) {
-  MethodFrontier mf = frontier_layers(m);
-  if (progress_) progress_(fmt::format("frontier {}", to_string(m)), 1, 1);
-  return mf;
+MethodFrontier Planner::frontier(Method m) { return frontier_layers(m); }
+
+const std::vector<InstructionOption>& MethodFrontier::node_options(std::size_t node) const {
+  static const std::vector<InstructionOption> kNone;
+  const int t = node < node_table.size() ? node_table[node] : -1;
+  return t < 0 ? kNone : tables[static_cast<std::size_t>(t)];
 }
 
-void Planner::apply_clock_switch_cost(MethodFrontier& mf) const {
-  const double cs = o_.clock_switch_s < 0 ? w_.gpu().clock_switch_s : o_.clock_switch_s;
-  mf.clock_switch_s = cs;
-  mf.min_clock_hold_s = o_.min_clock_hold_s;
-  mf.points_without_switch_cost = mf.points;
-  if (cs == 0 && o_.min_clock_hold_s == 0) return;  // the solver's points are exact already
-  // The solver treats clock changes as free. Every point is re-evaluated with its stalls after
-  // holding clocks for at least the requested time, and, since merging short runs can pay for
-  // itself, also after longer holds (multiples of the switch time up to one clock per stage),
-  // merging toward the faster and toward the slower neighbour; the Pareto set of all of them
-  // is the frontier.
-  std::vector<double> holds = {0};
-  if (cs > 0) holds = {0, cs, 2 * cs, 4 * cs, 8 * cs, 16 * cs, 32 * cs, 64 * cs, 1e300};
-  std::vector<FrontierPoint> candidates;
-  for (const FrontierPoint& p : mf.points) {
-    for (bool faster : {true, false}) {
-      std::vector<int> previous;
-      for (double h : holds) {
-        std::vector<int> choice =
-            hold_clocks(mf, p.choice, std::max(h, o_.min_clock_hold_s), faster);
-        if (choice == previous) continue;
-        const ClockSchedule sch = schedule_with_switches(mf, choice, cs);
-        previous = choice;
-        candidates.push_back(
-            {sch.makespan_s, sch.energy_j, sch.dynamic_energy_j, std::move(choice)});
-      }
-    }
-  }
-  mf.points = pareto_frontier(candidates);
-}
-
-// Maps a uniform frontier point onto the per-layer DAG: each node to the cheapest per-layer
-// option no slower than its uniform choice; with `same_clock`, among the options at the
-// uniform choice's clock first (so the clock sequence, and its switch stalls, stay the same).
 static std::vector<int> map_uniform_choice(const MethodFrontier& uniform, const MethodFrontier& mf,
                                            const std::vector<int>& choice, bool same_clock) {
   std::vector<int> out(mf.dag.nodes.size(), 0);
   for (std::size_t i = 0; i < mf.dag.nodes.size(); ++i) {
     const DagOption& want = uniform.dag.nodes[i].options[static_cast<std::size_t>(choice[i])];
     const auto& opts = mf.dag.nodes[i].options;
-    const bool instruction = !mf.node_options[i].empty();
+    const bool instruction = !mf.node_options(i).empty();
     const int want_freq =
-        instruction ? uniform.node_options[i][static_cast<std::size_t>(choice[i])].freq_mhz : 0;
+        instruction ? uniform.node_options(i)[static_cast<std::size_t>(choice[i])].freq_mhz : 0;
     auto pick = [&](bool clock_only) {
       int best = -1;
       for (std::size_t j = 0; j < opts.size(); ++j) {
-        if (clock_only && mf.node_options[i][j].freq_mhz != want_freq) continue;
+        if (clock_only && mf.node_options(i)[j].freq_mhz != want_freq) continue;
         const bool fits = opts[j].time_s <= want.time_s * (1 + 1e-12);
         const bool best_fits =
             best >= 0 && opts[static_cast<std::size_t>(best)].time_s <= want.time_s * (1 + 1e-12);
@@ -291,82 +282,161 @@ MethodFrontier Planner::frontier_layers(Method m) {
   return mf;
 }
 
+// Instruction options of every (stage, kind), then the costs of messages and reductions: one
+// option each, at the maximum clock with NCCL's default CTAs.
+void Planner::compose_tables(MethodFrontier& mf, bool per_instance) {
+  const int pp = w_.parallel.pp;
+  const std::size_t total = 2 * static_cast<std::size_t>(pp);
+  const std::string label = fmt::format("compose {}", to_string(mf.method));
+  mf.tables.assign(total, {});
+  std::size_t done = 0;
+  for (int s = 0; s < pp; ++s) {
+    for (InstructionKind k : {InstructionKind::kForward, InstructionKind::kBackward}) {
+      auto& table = mf.tables[2 * static_cast<std::size_t>(s) + static_cast<std::size_t>(k)];
+      table = instruction_options(mf.method, s, k, per_instance);
+      if (table.empty()) {
+        throw InternalError(fmt::format("no option for {} on stage {}", to_string(k), s));
+      }
+      if (progress_) progress_(label, ++done, total);
+    }
+  }
+  const int fmax = w_.gpu().max_freq_mhz;
+  if (pp > 1) {
+    const PartitionOption c = segment_cost(Segment{"p2p", 0, "p2p", {ps_.graph.p2p}}, fmax);
+    mf.p2p = {c.time_s, c.dynamic_energy_j};
+  }
+  mf.reductions.clear();
+  for (int idx : ps_.iteration_segments) {
+    const PartitionOption c = segment_cost(ps_.segments[static_cast<std::size_t>(idx)], fmax);
+    mf.reductions.push_back({c.time_s, c.dynamic_energy_j});
+  }
+}
+
+void build_iteration_dag(const Workload& w, const PartitionSet& ps, MethodFrontier& mf) {
+  const int pp = w.parallel.pp, mbs = w.batch.micro_batches;
+  const double per_stage = static_cast<double>(w.parallel.tp) * w.parallel.cp * w.parallel.dp;
+  if (mf.tables.size() != 2 * static_cast<std::size_t>(pp) ||
+      mf.reductions.size() != ps.iteration_segments.size()) {
+    throw InternalError("build_iteration_dag: option tables do not match the workload");
+  }
+  IterationDag& dag = mf.dag;
+  dag.nodes.clear();
+  dag.edges.clear();
+  mf.node_table.clear();
+  auto add_node = [&](int stage, DagNodeKind kind, int mb, std::vector<DagOption> o, int table) {
+    DagNode n;
+    n.id = static_cast<int>(dag.nodes.size());
+    n.stage = stage;
+    n.instruction = kind;
+    n.microbatch = mb;
+    n.options = std::move(o);
+    dag.nodes.push_back(std::move(n));
+    mf.node_table.push_back(table);
+    return dag.nodes.back().id;
+  };
+  // DAG options of each table, energies over the stage's GPUs.
+  std::vector<std::vector<DagOption>> dag_options(mf.tables.size());
+  for (std::size_t t = 0; t < mf.tables.size(); ++t) {
+    for (const auto& x : mf.tables[t])
+      dag_options[t].push_back({x.time_s, x.dynamic_energy_j * per_stage});
+  }
+  std::map<std::tuple<int, int, int>, int> node_of;  // (stage, kind, mb) -> node
+  std::vector<int> last(static_cast<std::size_t>(pp), -1);
+  for (int s = 0; s < pp; ++s) {
+    for (const auto& [k, mb] : one_f_one_b_order(s, pp, mbs)) {
+      const int t = 2 * s + static_cast<int>(k);
+      const int id = add_node(s, dag_node_kind(k), mb, dag_options[static_cast<std::size_t>(t)], t);
+      node_of[{s, static_cast<int>(k), mb}] = id;
+      auto& prev = last[static_cast<std::size_t>(s)];
+      if (prev >= 0) dag.edges.push_back({prev, id});
+      prev = id;
+    }
+  }
+  const DagOption msg{mf.p2p.time_s, mf.p2p.dynamic_energy_j * per_stage};
+  for (int mb = 0; mb < mbs; ++mb) {
+    for (int s = 0; s + 1 < pp; ++s) {
+      const int fwd = add_node(s, DagNodeKind::kP2p, mb, {msg}, -1);
+      dag.edges.push_back({node_of.at({s, 0, mb}), fwd});
+      dag.edges.push_back({fwd, node_of.at({s + 1, 0, mb})});
+      const int back = add_node(s + 1, DagNodeKind::kP2p, mb, {msg}, -1);
+      dag.edges.push_back({node_of.at({s + 1, 1, mb}), back});
+      dag.edges.push_back({back, node_of.at({s, 1, mb})});
+    }
+  }
+  for (std::size_t r = 0; r < ps.iteration_segments.size(); ++r) {
+    const Segment& seg = ps.segments[static_cast<std::size_t>(ps.iteration_segments[r])];
+    const SegmentRun& c = mf.reductions[r];
+    const int id = add_node(seg.stage, DagNodeKind::kIteration, -1,
+                            {{c.time_s, c.dynamic_energy_j * per_stage}}, -1);
+    auto& prev = last[static_cast<std::size_t>(seg.stage)];
+    dag.edges.push_back({prev, id});
+    prev = id;
+  }
+}
+
+FrontierMemory frontier_memory(const MethodFrontier& f, double unit_s) {
+  FrontierMemory m;
+  const std::size_t n = f.dag.nodes.size();
+  std::vector<int> fastest(n, 0), slowest(n, 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto& opts = f.dag.nodes[i].options;
+    m.bytes += static_cast<double>(sizeof(DagNode) + opts.size() * sizeof(DagOption));
+    slowest[i] = opts.empty() ? 0 : static_cast<int>(opts.size()) - 1;
+  }
+  m.bytes += static_cast<double>(f.dag.edges.size() * sizeof(std::pair<int, int>));
+  for (const auto& table : f.tables) {
+    m.options += table.size();
+    for (const auto& o : table) {
+      // A map node of a partition setting is about 128 bytes with its key.
+      std::size_t shares = 0;
+      for (const auto& [key, v] : o.mixes) shares += v.size();
+      m.bytes += static_cast<double>(sizeof(InstructionOption) +
+                                     128 * (o.partitions.size() + o.mixes.size()) +
+                                     shares * sizeof(ConfigShare));
+    }
+  }
+  if (n == 0 || !(unit_s > 0)) return m;
+  const double range_s = f.dag.makespan_s(slowest) - f.dag.makespan_s(fastest);
+  m.solver_steps = std::max(0.0, range_s) / unit_s + 1;
+  m.bytes += m.solver_steps * static_cast<double>(n * sizeof(int) + sizeof(FrontierPoint));
+  return m;
+}
+
+void Planner::check_frontier_memory(const MethodFrontier& mf) const {
+  const FrontierMemory m = frontier_memory(mf, o_.unit_s);
+  const double need_mb = m.bytes / (1024.0 * 1024.0);
+  if (need_mb <= o_.frontier_memory_mb) return;
+  throw InvalidInput(fmt::format(
+      "{}: the {} frontier would take about {:.0f} MiB ({} DAG nodes, {} instruction options, "
+      "up to {:.0f} solver steps at --unit {:g} s), over the frontier memory budget of {:g} MiB "
+      "(--frontier-memory-mb); use a coarser --unit, fewer micro-batches or a larger budget",
+      w_.source.empty() ? w_.name : w_.source, to_string(mf.method), need_mb, mf.dag.nodes.size(),
+      m.options, m.solver_steps, o_.unit_s, o_.frontier_memory_mb));
+}
+
 MethodFrontier Planner::frontier_with(Method m, bool per_instance) {
   MethodFrontier mf;
   mf.method = m;
   mf.execution = (m == Method::kPerseus || m == Method::kMegatron) ? ExecutionMode::kSequential
                                                                    : ExecutionMode::kOverlapped;
-  const int pp = w_.parallel.pp, mbs = w_.batch.micro_batches;
-  const double per_stage = static_cast<double>(w_.parallel.tp) * w_.parallel.cp * w_.parallel.dp;
-  IterationDag& dag = mf.dag;
-  dag.static_power_w = profiler_.backend().static_power_w();
-  dag.gpus = w_.cluster.gpus();
-
-  std::map<std::pair<int, int>, std::vector<InstructionOption>> opts;
-  for (int s = 0; s < pp; ++s) {
-    for (InstructionKind k : {InstructionKind::kForward, InstructionKind::kBackward}) {
-      opts[{s, static_cast<int>(k)}] = instruction_options(m, s, k, per_instance);
-    }
-  }
-  auto add_node = [&](int stage, const std::string& instr, int mb, std::vector<DagOption> o,
-                      std::vector<InstructionOption> io) {
-    DagNode n;
-    n.id = static_cast<int>(dag.nodes.size());
-    n.stage = stage;
-    n.instruction = instr;
-    n.microbatch = mb;
-    n.options = std::move(o);
-    dag.nodes.push_back(std::move(n));
-    mf.node_options.push_back(std::move(io));
-    return dag.nodes.back().id;
-  };
-  // Messages between stages and the once-per-iteration reductions: one option each, at the
-  // maximum clock with NCCL's default CTAs.
-  const int fmax = w_.gpu().max_freq_mhz;
-  const Segment p2p{"p2p", 0, "p2p", {ps_.graph.p2p}};
-  const PartitionOption p2p_cost = pp > 1 ? segment_cost(p2p, fmax) : PartitionOption{};
-  std::map<std::tuple<int, int, int>, int> node_of;  // (stage, kind, mb) -> node
-  std::vector<int> last(static_cast<std::size_t>(pp), -1);
-  for (int s = 0; s < pp; ++s) {
-    for (const auto& [k, mb] : one_f_one_b_order(s, pp, mbs)) {
-      const auto& io = opts.at({s, static_cast<int>(k)});
-      if (io.empty()) {
-        throw InternalError(fmt::format("no option for {} on stage {}", to_string(k), s));
-      }
-      std::vector<DagOption> o;
-      for (const auto& x : io) o.push_back({x.time_s, x.dynamic_energy_j * per_stage});
-      const int id = add_node(s, to_string(k), mb, std::move(o), io);
-      node_of[{s, static_cast<int>(k), mb}] = id;
-      if (last[static_cast<std::size_t>(s)] >= 0)
-        dag.edges.push_back({last[static_cast<std::size_t>(s)], id});
-      last[static_cast<std::size_t>(s)] = id;
-    }
-  }
-  for (int mb = 0; mb < mbs; ++mb) {
-    for (int s = 0; s + 1 < pp; ++s) {
-      const int f = node_of.at({s, 0, mb}), f2 = node_of.at({s + 1, 0, mb});
-      const int msg =
-          add_node(s, "p2p", mb, {{p2p_cost.time_s, p2p_cost.dynamic_energy_j * per_stage}}, {});
-      dag.edges.push_back({f, msg});
-      dag.edges.push_back({msg, f2});
-      const int b = node_of.at({s + 1, 1, mb}), b2 = node_of.at({s, 1, mb});
-      const int back = add_node(s + 1, "p2p", mb,
-                                {{p2p_cost.time_s, p2p_cost.dynamic_energy_j * per_stage}}, {});
-      dag.edges.push_back({b, back});
-      dag.edges.push_back({back, b2});
-    }
-  }
-  for (int idx : ps_.iteration_segments) {
-    const Segment& seg = ps_.segments[static_cast<std::size_t>(idx)];
-    const PartitionOption c = segment_cost(seg, fmax);
-    const int id =
-        add_node(seg.stage, "iteration", -1, {{c.time_s, c.dynamic_energy_j * per_stage}}, {});
-    dag.edges.push_back({last[static_cast<std::size_t>(seg.stage)], id});
-    last[static_cast<std::size_t>(seg.stage)] = id;
-  }
+  mf.dag.static_power_w = profiler_.backend().static_power_w();
+  mf.dag.gpus = w_.cluster.gpus();
+  compose_tables(mf, per_instance);
+  build_iteration_dag(w_, ps_, mf);
+  check_frontier_memory(mf);
   FrontierOptions fo;
   fo.unit_s = o_.unit_s;
-  mf.points = solve_frontier(dag, fo, &mf.stats);
+  // The solver reports (steps done, step bound); the bar ends once the frontier is complete.
+  const std::string label = fmt::format("frontier {}", to_string(m));
+  std::size_t steps = 1;
+  if (progress_) {
+    fo.progress = [this, &label, &steps](std::size_t done, std::size_t total) {
+      steps = std::max<std::size_t>(total, 1);
+      progress_(label, std::min(done, steps - 1), steps);
+    };
+  }
+  mf.points = solve_frontier(mf.dag, fo, &mf.stats);
+  if (progress_) progress_(label, steps, steps);
   return mf;
 }
 
@@ -378,7 +448,7 @@ std::vector<std::vector<int>> stage_instructions(const MethodFrontier& f) {
   for (const auto& n : f.dag.nodes) stages = std::max(stages, n.stage + 1);
   std::vector<std::vector<int>> out(static_cast<std::size_t>(stages));
   for (std::size_t i = 0; i < f.dag.nodes.size(); ++i) {
-    if (i < f.node_options.size() && !f.node_options[i].empty()) {
+    if (!f.node_options(i).empty()) {
       out[static_cast<std::size_t>(f.dag.nodes[i].stage)].push_back(static_cast<int>(i));
     }
   }
@@ -387,14 +457,28 @@ std::vector<std::vector<int>> stage_instructions(const MethodFrontier& f) {
 
 const InstructionOption& option_of(const MethodFrontier& f, const std::vector<int>& choice,
                                    int node) {
-  return f.node_options[static_cast<std::size_t>(node)]
-                       [static_cast<std::size_t>(choice[static_cast<std::size_t>(node)])];
+  return f.node_options(static_cast<std::size_t>(
+      node))[static_cast<std::size_t>(choice[static_cast<std::size_t>(node)])];
 }
 
 }  // namespace
 
-ClockSchedule schedule_with_switches(const MethodFrontier& f, const std::vector<int>& choice,
-                                     double clock_switch_s) {
+namespace {
+
+// What a schedule needs besides the choice: the same for every choice on one frontier, so
+// re-evaluating many choices computes it once.
+struct DagTopology {
+  std::vector<std::vector<int>> stages;  ///< stage_instructions
+  std::vector<std::vector<int>> preds;
+  std::vector<int> order;  ///< topological
+  explicit DagTopology(const MethodFrontier& f)
+      : stages(stage_instructions(f)), preds(f.dag.nodes.size()), order(f.dag.topological_order()) {
+    for (const auto& [a, b] : f.dag.edges) preds[static_cast<std::size_t>(b)].push_back(a);
+  }
+};
+
+ClockSchedule schedule_on(const MethodFrontier& f, const DagTopology& t,
+                          const std::vector<int>& choice, double clock_switch_s) {
   const auto& dag = f.dag;
   const std::size_t n = dag.nodes.size();
   if (choice.size() != n) throw InternalError("schedule_with_switches: choice size mismatch");
@@ -402,7 +486,7 @@ ClockSchedule schedule_with_switches(const MethodFrontier& f, const std::vector<
   sch.start_s.assign(n, 0);
   sch.end_s.assign(n, 0);
   sch.clock_switch.assign(n, false);
-  const auto stages = stage_instructions(f);
+  const auto& stages = t.stages;
   sch.clock_changes.assign(stages.size(), 0);
   for (std::size_t s = 0; s < stages.size(); ++s) {
     for (std::size_t k = 1; k < stages[s].size(); ++k) {
@@ -413,9 +497,8 @@ ClockSchedule schedule_with_switches(const MethodFrontier& f, const std::vector<
       }
     }
   }
-  std::vector<std::vector<int>> preds(n);
-  for (const auto& [a, b] : dag.edges) preds[static_cast<std::size_t>(b)].push_back(a);
-  for (int v : dag.topological_order()) {
+  const auto& preds = t.preds;
+  for (int v : t.order) {
     const auto vi = static_cast<std::size_t>(v);
     double start = 0;
     for (int u : preds[vi]) start = std::max(start, sch.end_s[static_cast<std::size_t>(u)]);
@@ -429,101 +512,199 @@ ClockSchedule schedule_with_switches(const MethodFrontier& f, const std::vector<
   return sch;
 }
 
-std::vector<int> hold_clocks(const MethodFrontier& f, const std::vector<int>& choice,
-                             double min_hold_s, bool toward_faster) {
-  std::vector<int> out = choice;
-  if (!(min_hold_s > 0)) return out;
-  for (const auto& nodes : stage_instructions(f)) {
-    std::set<int> frozen;  // first node of runs that no neighbour's clock can take
-    while (true) {
-      struct Run {
-        std::size_t begin, end;  // [begin, end) into `nodes`
-        int freq;
-        double time_s;
-      };
-      std::vector<Run> runs;
-      for (std::size_t k = 0; k < nodes.size(); ++k) {
-        const InstructionOption& o = option_of(f, out, nodes[k]);
-        if (runs.empty() || runs.back().freq != o.freq_mhz) runs.push_back({k, k, o.freq_mhz, 0});
-        runs.back().end = k + 1;
-        runs.back().time_s += o.time_s;
-      }
-      if (runs.size() <= 1) break;
-      // The shortest run below the hold (first on ties); independent of min_hold_s, so a longer
-      // hold only continues the same sequence of merges.
-      std::optional<std::size_t> shortest;
-      for (std::size_t r = 0; r < runs.size(); ++r) {
-        if (frozen.count(nodes[runs[r].begin])) continue;
-        if (!shortest || runs[r].time_s < runs[*shortest].time_s) shortest = r;
-      }
-      if (!shortest || runs[*shortest].time_s >= min_hold_s) break;
-      const std::size_t r = *shortest;
-      // Candidate moves (which run takes which clock), best first. Toward the faster side: the
-      // short run takes a faster neighbour's clock, or else (it is the fastest around) its
-      // shorter slower neighbour takes its clock; so merging never slows a run down. Toward
-      // the slower side, symmetrically.
-      auto better = [toward_faster](int a, int b) { return toward_faster ? a > b : a < b; };
-      std::vector<std::pair<std::size_t, int>> moves;
-      std::vector<std::size_t> nbs;
-      if (r > 0) nbs.push_back(r - 1);
-      if (r + 1 < runs.size()) nbs.push_back(r + 1);
-      std::vector<std::size_t> up = nbs, down = nbs;
-      std::erase_if(up, [&](std::size_t n) { return !better(runs[n].freq, runs[r].freq); });
-      std::erase_if(down, [&](std::size_t n) { return better(runs[n].freq, runs[r].freq); });
-      std::stable_sort(up.begin(), up.end(), [&](std::size_t a, std::size_t b) {
-        return better(runs[a].freq, runs[b].freq);
-      });
-      std::stable_sort(down.begin(), down.end(), [&](std::size_t a, std::size_t b) {
-        return runs[a].time_s < runs[b].time_s;
-      });
-      for (std::size_t n : up) moves.push_back({r, runs[n].freq});
-      for (std::size_t n : down) moves.push_back({n, runs[r].freq});
-      bool merged = false;
-      for (const auto& [which, target] : moves) {
-        const Run& run = runs[which];
-        std::vector<int> picks;
-        for (std::size_t k = run.begin; k < run.end; ++k) {
-          const int node = nodes[k];
-          const auto& opts = f.node_options[static_cast<std::size_t>(node)];
-          const double now_s = option_of(f, out, node).time_s;
-          int best = -1, fastest = -1;
-          for (std::size_t j = 0; j < opts.size(); ++j) {
-            if (opts[j].freq_mhz != target) continue;
-            const int jj = static_cast<int>(j);
-            if (fastest < 0 || opts[j].time_s < opts[static_cast<std::size_t>(fastest)].time_s) {
-              fastest = jj;
-            }
-            if (opts[j].time_s <= now_s &&
-                (best < 0 || opts[j].dynamic_energy_j <
-                                 opts[static_cast<std::size_t>(best)].dynamic_energy_j)) {
-              best = jj;
-            }
-          }
-          if (fastest < 0) break;
-          picks.push_back(best >= 0 ? best : fastest);
-        }
-        if (picks.size() != run.end - run.begin) continue;
-        for (std::size_t k = run.begin; k < run.end; ++k) {
-          out[static_cast<std::size_t>(nodes[k])] = picks[k - run.begin];
-        }
-        merged = true;
-        break;
-      }
-      if (!merged) frozen.insert(nodes[runs[r].begin]);
-    }
-  }
-  return out;
+}  // namespace
+
+ClockSchedule schedule_with_switches(const MethodFrontier& f, const std::vector<int>& choice,
+                                     double clock_switch_s) {
+  return schedule_on(f, DagTopology(f), choice, clock_switch_s);
 }
 
-Plan Planner::make_plan(const MethodFrontier& f, std::size_t point, const std::string& goal) const {
-  const FrontierPoint& fp = f.points.at(point);
-  const ClockSchedule sch = schedule_with_switches(f, fp.choice, f.clock_switch_s);
+namespace {
+
+// A run of equal clocks on one stage: nodes[begin, end) of the stage's instruction nodes.
+struct ClockRun {
+  std::size_t begin, end;
+  int freq;
+  double time_s;
+};
+
+std::vector<ClockRun> clock_runs(const MethodFrontier& f, const std::vector<int>& nodes,
+                                 const std::vector<int>& choice) {
+  std::vector<ClockRun> runs;
+  for (std::size_t k = 0; k < nodes.size(); ++k) {
+    const InstructionOption& o = option_of(f, choice, nodes[k]);
+    if (runs.empty() || runs.back().freq != o.freq_mhz) runs.push_back({k, k, o.freq_mhz, 0});
+    runs.back().end = k + 1;
+    runs.back().time_s += o.time_s;
+  }
+  return runs;
+}
+
+// Candidate moves for merging run r (which run takes which clock), best first. Toward the
+// faster side: the short run takes a faster neighbour's clock, or else (it is the fastest
+// around) its shorter slower neighbour takes its clock; so merging never slows a run down.
+// Toward the slower side, symmetrically.
+std::vector<std::pair<std::size_t, int>> merge_moves(const std::vector<ClockRun>& runs,
+                                                     std::size_t r, bool toward_faster) {
+  auto better = [toward_faster](int a, int b) { return toward_faster ? a > b : a < b; };
+  std::vector<std::size_t> nbs;
+  if (r > 0) nbs.push_back(r - 1);
+  if (r + 1 < runs.size()) nbs.push_back(r + 1);
+  std::vector<std::size_t> up = nbs, down = nbs;
+  std::erase_if(up, [&](std::size_t n) { return !better(runs[n].freq, runs[r].freq); });
+  std::erase_if(down, [&](std::size_t n) { return better(runs[n].freq, runs[r].freq); });
+  std::stable_sort(up.begin(), up.end(), [&](std::size_t a, std::size_t b) {
+    return better(runs[a].freq, runs[b].freq);
+  });
+  std::stable_sort(down.begin(), down.end(),
+                   [&](std::size_t a, std::size_t b) { return runs[a].time_s < runs[b].time_s; });
+  std::vector<std::pair<std::size_t, int>> moves;
+  for (std::size_t n : up) moves.push_back({r, runs[n].freq});
+  for (std::size_t n : down) moves.push_back({n, runs[r].freq});
+  return moves;
+}
+
+// Moves every instruction of `run` to clock `target`: each takes the least-energy option at
+// that clock no slower than its current one, else the fastest. False (nothing changed) when
+// some instruction has no option at `target`.
+bool retarget_run(const MethodFrontier& f, const std::vector<int>& nodes, const ClockRun& run,
+                  int target, std::vector<int>& out) {
+  std::vector<int> picks;
+  for (std::size_t k = run.begin; k < run.end; ++k) {
+    const auto& opts = f.node_options(static_cast<std::size_t>(nodes[k]));
+    const double now_s = option_of(f, out, nodes[k]).time_s;
+    int best = -1, fastest = -1;
+    for (std::size_t j = 0; j < opts.size(); ++j) {
+      if (opts[j].freq_mhz != target) continue;
+      const int jj = static_cast<int>(j);
+      if (fastest < 0 || opts[j].time_s < opts[static_cast<std::size_t>(fastest)].time_s) {
+        fastest = jj;
+      }
+      if (opts[j].time_s <= now_s &&
+          (best < 0 ||
+           opts[j].dynamic_energy_j < opts[static_cast<std::size_t>(best)].dynamic_energy_j)) {
+        best = jj;
+      }
+    }
+    if (fastest < 0) return false;
+    picks.push_back(best >= 0 ? best : fastest);
+  }
+  for (std::size_t k = run.begin; k < run.end; ++k) {
+    out[static_cast<std::size_t>(nodes[k])] = picks[k - run.begin];
+  }
+  return true;
+}
+
+// One step of hold_clocks on one stage: merges (or, when no neighbour can take part, freezes)
+// the shortest run below `min_hold_s`. False when every run lasts long enough.
+bool merge_shortest_run(const MethodFrontier& f, const std::vector<int>& nodes, double min_hold_s,
+                        bool toward_faster, std::vector<int>& out, std::set<int>& frozen) {
+  const std::vector<ClockRun> runs = clock_runs(f, nodes, out);
+  if (runs.size() <= 1) return false;
+  // The shortest run (first on ties); independent of min_hold_s, so a longer hold only
+  // continues the same sequence of merges.
+  std::optional<std::size_t> shortest;
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    if (frozen.count(nodes[runs[r].begin])) continue;
+    if (!shortest || runs[r].time_s < runs[*shortest].time_s) shortest = r;
+  }
+  if (!shortest || runs[*shortest].time_s >= min_hold_s) return false;
+  for (const auto& [which, target] : merge_moves(runs, *shortest, toward_faster)) {
+    if (retarget_run(f, nodes, runs[which], target, out)) return true;
+  }
+  frozen.insert(nodes[runs[*shortest].begin]);  // no neighbour's clock can take it
+  return true;
+}
+
+}  // namespace
+
+namespace {
+
+std::vector<std::vector<int>> hold_sequence_on(const MethodFrontier& f,
+                                               const std::vector<std::vector<int>>& stages,
+                                               const std::vector<int>& choice,
+                                               const std::vector<double>& min_holds_s,
+                                               bool toward_faster) {
+  std::vector<std::vector<int>> results(min_holds_s.size(), choice);
+  std::vector<int> out = choice;
+  for (const auto& nodes : stages) {
+    std::set<int> frozen;  // first node of runs that no neighbour's clock can take
+    for (std::size_t k = 0; k < min_holds_s.size(); ++k) {
+      const double hold = min_holds_s[k];
+      if (k > 0 && hold < min_holds_s[k - 1]) {
+        throw InternalError("hold_clocks_sequence: holds must be ascending");
+      }
+      if (hold > 0) {
+        while (merge_shortest_run(f, nodes, hold, toward_faster, out, frozen)) {
+        }
+      }
+      for (int node : nodes) {
+        results[k][static_cast<std::size_t>(node)] = out[static_cast<std::size_t>(node)];
+      }
+    }
+  }
+  return results;
+}
+
+}  // namespace
+
+std::vector<std::vector<int>> hold_clocks_sequence(const MethodFrontier& f,
+                                                   const std::vector<int>& choice,
+                                                   const std::vector<double>& min_holds_s,
+                                                   bool toward_faster) {
+  return hold_sequence_on(f, stage_instructions(f), choice, min_holds_s, toward_faster);
+}
+
+std::vector<int> hold_clocks(const MethodFrontier& f, const std::vector<int>& choice,
+                             double min_hold_s, bool toward_faster) {
+  return hold_clocks_sequence(f, choice, {min_hold_s}, toward_faster).front();
+}
+
+void Planner::apply_clock_switch_cost(MethodFrontier& mf) const {
+  const double cs = o_.clock_switch_s < 0 ? w_.gpu().clock_switch_s : o_.clock_switch_s;
+  mf.clock_switch_s = cs;
+  mf.min_clock_hold_s = o_.min_clock_hold_s;
+  mf.points_without_switch_cost = mf.points;
+  if (cs == 0 && o_.min_clock_hold_s == 0) return;  // the solver's points are exact already
+  // The solver treats clock changes as free. Every point is re-evaluated with its stalls after
+  // holding clocks for at least the requested time, and, since merging short runs can pay for
+  // itself, also after longer holds (multiples of the switch time up to one clock per stage),
+  // merging toward the faster and toward the slower neighbour; the Pareto set of all of them
+  // is the frontier.
+  std::vector<double> holds = {0};
+  if (cs > 0) holds = {0, cs, 2 * cs, 4 * cs, 8 * cs, 16 * cs, 32 * cs, 64 * cs, 1e300};
+  for (double& h : holds) h = std::max(h, o_.min_clock_hold_s);
+  const std::string label = fmt::format("clock holds {}", to_string(mf.method));
+  std::vector<FrontierPoint> candidates;
+  const DagTopology topo(mf);
+  for (std::size_t i = 0; i < mf.points.size(); ++i) {
+    for (bool faster : {true, false}) {
+      std::vector<int> previous;
+      for (std::vector<int>& choice :
+           hold_sequence_on(mf, topo.stages, mf.points[i].choice, holds, faster)) {
+        if (choice == previous) continue;
+        const ClockSchedule sch = schedule_on(mf, topo, choice, cs);
+        previous = choice;
+        candidates.push_back(
+            {sch.makespan_s, sch.energy_j, sch.dynamic_energy_j, std::move(choice)});
+      }
+    }
+    if (progress_) progress_(label, i + 1, mf.points.size());
+  }
+  mf.points = pareto_frontier(candidates);
+}
+
+namespace {
+
+// The plan's identity, totals and empty stages.
+Plan plan_header(const Workload& w, const std::string& digest, const MethodFrontier& f,
+                 const ClockSchedule& sch, const std::string& goal) {
   Plan p;
-  p.workload = w_.name;
-  p.workload_digest = digest_;
-  p.gpu = w_.gpu_name;
-  p.gpus = w_.cluster.gpus();
-  p.layout = {w_.parallel.tp, w_.parallel.cp, w_.parallel.dp, w_.parallel.pp};
+  p.workload = w.name;
+  p.workload_digest = digest;
+  p.gpu = w.gpu_name;
+  p.gpus = w.cluster.gpus();
+  p.layout = {w.parallel.tp, w.parallel.cp, w.parallel.dp, w.parallel.pp};
   p.method = to_string(f.method);
   p.execution = f.execution;
   p.goal = goal;
@@ -532,7 +713,7 @@ Plan Planner::make_plan(const MethodFrontier& f, std::size_t point, const std::s
   p.static_power_w = f.dag.static_power_w;
   p.clock_switch_s = f.clock_switch_s;
   p.min_clock_hold_s = f.min_clock_hold_s;
-  for (int s = 0; s < w_.parallel.pp; ++s) {
+  for (int s = 0; s < w.parallel.pp; ++s) {
     PlanStage st;
     st.stage = s;
     st.ranks = p.layout.stage_ranks(s);
@@ -541,67 +722,106 @@ Plan Planner::make_plan(const MethodFrontier& f, std::size_t point, const std::s
                            : 0;
     p.stages.push_back(std::move(st));
   }
-  // Per (stage, kind): each partition's instance count, for the plan's `instances`.
-  std::map<std::pair<int, int>, std::map<std::string, int>> instances;
-  if (f.execution == ExecutionMode::kOverlapped) {
-    for (const auto& is : ps_.instructions) {
-      auto& m = instances[{is.stage, static_cast<int>(is.kind)}];
-      for (const auto& step : is.steps) {
-        if (step.kind == Step::Kind::kPartition)
-          ++m[ps_.partitions[static_cast<std::size_t>(step.index)].key];
-      }
+  return p;
+}
+
+// Per (stage, kind): each partition's instance count, for the plan's `instances`.
+using InstanceCounts = std::map<std::pair<int, int>, std::map<std::string, int>>;
+InstanceCounts instance_counts(const PartitionSet& ps, ExecutionMode execution) {
+  InstanceCounts out;
+  if (execution != ExecutionMode::kOverlapped) return out;
+  for (const auto& is : ps.instructions) {
+    auto& m = out[{is.stage, static_cast<int>(is.kind)}];
+    for (const auto& step : is.steps) {
+      if (step.kind == Step::Kind::kPartition)
+        ++m[ps.partitions[static_cast<std::size_t>(step.index)].key];
     }
   }
+  return out;
+}
+
+// How one partition runs inside an instruction of kind `kind` with configuration `c` (and the
+// per-layer shares `mix`, if any).
+PlanPartition plan_partition(const Partition& part, const PartitionConfig& c, InstructionKind kind,
+                             int instances, const std::vector<ConfigShare>* mix) {
+  auto describe = [&part](const std::string& slot_name) {
+    const Slot& sl = part.slot(slot_name);
+    return std::pair<std::string, int>{
+        part.compute_ops.at(static_cast<std::size_t>(sl.op_index)).name, sl.op_index};
+  };
+  PlanPartition pp;
+  pp.sms = c.sms;
+  pp.slot = c.slot;
+  std::tie(pp.slot_op, pp.slot_op_index) = describe(c.slot);
+  pp.recompute = kind == InstructionKind::kBackward && part.direction == InstructionKind::kForward;
+  pp.instances = instances;
+  if (!mix) return pp;
+  int first = 0;
+  for (const auto& sh : *mix) {
+    PlanMixEntry e;
+    e.sms = sh.config.sms;
+    e.slot = sh.config.slot;
+    std::tie(e.slot_op, e.slot_op_index) = describe(sh.config.slot);
+    e.first_instance = first;
+    e.instances = sh.instances;
+    first += sh.instances;
+    pp.mix.push_back(std::move(e));
+  }
+  return pp;
+}
+
+PlanInstruction plan_instruction(const PartitionSet& ps, const DagNode& n,
+                                 const InstructionOption& o, const ClockSchedule& sch,
+                                 const std::map<std::string, int>& counts) {
+  const auto i = static_cast<std::size_t>(n.id);
+  PlanInstruction in;
+  in.kind = n.instruction == DagNodeKind::kForward ? InstructionKind::kForward
+                                                   : InstructionKind::kBackward;
+  in.microbatch = n.microbatch;
+  in.freq_mhz = o.freq_mhz;
+  in.time_s = o.time_s;
+  in.dynamic_energy_j = o.dynamic_energy_j;
+  in.start_s = sch.start_s[i];
+  in.end_s = sch.end_s[i];
+  in.clock_switch = sch.clock_switch[i];
+  for (const auto& [key, c] : o.partitions) {
+    auto cnt = counts.find(key);
+    auto mix = o.mixes.find(key);
+    in.partitions.emplace(
+        key, plan_partition(ps.partition(key), c, in.kind, cnt == counts.end() ? 0 : cnt->second,
+                            mix == o.mixes.end() ? nullptr : &mix->second));
+  }
+  return in;
+}
+
+}  // namespace
+
+Plan materialize_plan(const Workload& w, const PartitionSet& ps, const std::string& digest,
+                      const MethodFrontier& f, const std::vector<int>& choice,
+                      const std::string& goal) {
+  const ClockSchedule sch = schedule_with_switches(f, choice, f.clock_switch_s);
+  Plan p = plan_header(w, digest, f, sch, goal);
+  const InstanceCounts instances = instance_counts(ps, f.execution);
+  static const std::map<std::string, int> kNoCounts;
   for (std::size_t i = 0; i < f.dag.nodes.size(); ++i) {
     const DagNode& n = f.dag.nodes[i];
     PlanStage& st = p.stages[static_cast<std::size_t>(n.stage)];
-    if (n.instruction != "p2p") st.end_s = std::max(st.end_s, sch.end_s[i]);
-    if (f.node_options[i].empty()) continue;  // messages and reductions are not instructions
-    const InstructionOption& o = f.node_options[i][static_cast<std::size_t>(fp.choice[i])];
-    PlanInstruction in;
-    in.kind = n.instruction == "forward" ? InstructionKind::kForward : InstructionKind::kBackward;
-    in.microbatch = n.microbatch;
-    in.freq_mhz = o.freq_mhz;
-    in.time_s = o.time_s;
-    in.dynamic_energy_j = o.dynamic_energy_j;
-    in.start_s = sch.start_s[i];
-    in.end_s = sch.end_s[i];
-    in.clock_switch = sch.clock_switch[i];
-    const auto& counts = instances[{n.stage, static_cast<int>(in.kind)}];
-    for (const auto& [key, c] : o.partitions) {
-      const Partition& part = ps_.partition(key);
-      auto describe = [&part](const std::string& slot_name) {
-        const Slot& sl = part.slot(slot_name);
-        return std::pair<std::string, int>{
-            part.compute_ops.at(static_cast<std::size_t>(sl.op_index)).name, sl.op_index};
-      };
-      PlanPartition pp;
-      pp.sms = c.sms;
-      pp.slot = c.slot;
-      std::tie(pp.slot_op, pp.slot_op_index) = describe(c.slot);
-      pp.recompute =
-          in.kind == InstructionKind::kBackward && part.direction == InstructionKind::kForward;
-      auto cnt = counts.find(key);
-      pp.instances = cnt == counts.end() ? 0 : cnt->second;
-      auto mix = o.mixes.find(key);
-      if (mix != o.mixes.end()) {
-        int first = 0;
-        for (const auto& sh : mix->second) {
-          PlanMixEntry e;
-          e.sms = sh.config.sms;
-          e.slot = sh.config.slot;
-          std::tie(e.slot_op, e.slot_op_index) = describe(sh.config.slot);
-          e.first_instance = first;
-          e.instances = sh.instances;
-          first += sh.instances;
-          pp.mix.push_back(std::move(e));
-        }
-      }
-      in.partitions.emplace(key, std::move(pp));
-    }
-    p.stages[static_cast<std::size_t>(n.stage)].instructions.push_back(std::move(in));
+    if (n.instruction != DagNodeKind::kP2p) st.end_s = std::max(st.end_s, sch.end_s[i]);
+    const auto& opts = f.node_options(i);
+    if (opts.empty()) continue;  // messages and reductions are not instructions
+    const InstructionOption& o = opts.at(static_cast<std::size_t>(choice[i]));
+    const InstructionKind kind = n.instruction == DagNodeKind::kForward
+                                     ? InstructionKind::kForward
+                                     : InstructionKind::kBackward;
+    auto counts = instances.find({n.stage, static_cast<int>(kind)});
+    st.instructions.push_back(
+        plan_instruction(ps, n, o, sch, counts == instances.end() ? kNoCounts : counts->second));
   }
   return p;
+}
+
+Plan Planner::make_plan(const MethodFrontier& f, std::size_t point, const std::string& goal) const {
+  return materialize_plan(w_, ps_, digest_, f, f.points.at(point).choice, goal);
 }
 
 nlohmann::json dag_to_json(const IterationDag& dag) {
@@ -612,7 +832,7 @@ nlohmann::json dag_to_json(const IterationDag& dag) {
   for (const auto& n : dag.nodes) {
     nlohmann::json nj = {{"id", n.id},
                          {"stage", n.stage},
-                         {"instruction", n.instruction},
+                         {"instruction", to_string(n.instruction)},
                          {"microbatch", n.microbatch},
                          {"options", nlohmann::json::array()}};
     for (const auto& o : n.options)

@@ -1,5 +1,5 @@
 // The thermally stable measurement protocol (include/kareus/protocol.h), after the Kareus
-// artifact's profiler (Wu, Chung, Chowdhury, OSDI '26; brief section 4): every attempt warms the
+// artifact's profiler (Wu, Chung, Chowdhury, OSDI '26): every attempt warms the
 // device up, sizes the window from a calibration run, measures one window (time from the device,
 // energy as the counter's difference, temperature, clock and throttle reasons around it) and
 // cools down. A window whose clock left the expected clock by more than the allowed drift, or

@@ -285,9 +285,7 @@ std::string wait_ready(int fd, pid_t pid, double timeout_s, bool* ready) {
   return fmt::format("kareus-freqd (pid {}) exited before it was ready", pid);
 }
 
-}  // namespace
-
-std::unique_ptr<FrequencyController> FrequencyController::start(const ControllerOptions& o) {
+void check_options(const ControllerOptions& o) {
   if (o.gpu_index < 0) {
     throw InvalidInput(
         fmt::format("ControllerOptions.gpu_index must be >= 0, got {}", o.gpu_index));
@@ -302,29 +300,10 @@ std::unique_ptr<FrequencyController> FrequencyController::start(const Controller
         "ControllerOptions: gpu_uuid '{}' and pci_bus_id '{}' are both set; give one of them",
         o.gpu_uuid, o.pci_bus_id));
   }
-  const auto [exe, search_path] = find_executable(o);
+}
 
-  // The parent's ends stay close-on-exec, so other children of the training process never hold
-  // them; the child's ends are moved to fixed numbers by the spawn actions.
-  int sv[2];
-  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
-    throw Error(fmt::format("socketpair for kareus-freqd: {}", std::strerror(errno)));
-  }
-  Fd ours(sv[0]), theirs(sv[1]);
-  int ready[2];
-  if (pipe2(ready, O_CLOEXEC) != 0) {
-    throw Error(fmt::format("pipe for kareus-freqd: {}", std::strerror(errno)));
-  }
-  Fd ready_r(ready[0]), ready_w(ready[1]);
-  // Above the numbers the child uses, so each dup2 below really duplicates (and drops CLOEXEC).
-  Fd child_in(fcntl(theirs.get(), F_DUPFD_CLOEXEC, 10));
-  Fd child_ready(fcntl(ready_w.get(), F_DUPFD_CLOEXEC, 10));
-  theirs.reset();
-  ready_w.reset();
-  if (child_in.get() < 0 || child_ready.get() < 0) {
-    throw Error(fmt::format("fcntl for kareus-freqd: {}", std::strerror(errno)));
-  }
-
+// The controller's command line (tools/kareus-freqd/main.cc).
+std::vector<std::string> controller_args(const ControllerOptions& o, const std::string& exe) {
   std::vector<std::string> args = {exe,
                                    "--gpu",
                                    std::to_string(o.gpu_index),
@@ -338,14 +317,21 @@ std::unique_ptr<FrequencyController> FrequencyController::start(const Controller
   if (o.coalesce) args.push_back("--coalesce");
   if (!o.log_path.empty()) args.insert(args.end(), {"--log", o.log_path});
   if (!o.nvml_library.empty()) args.insert(args.end(), {"--nvml-library", o.nvml_library});
+  return args;
+}
+
+// Starts the controller with `child_in` as its stdin and `child_ready` as kChildReadyFd, nothing
+// else open, signals at their defaults, in its own process group. Returns posix_spawn's error.
+int spawn_controller(const std::string& exe, bool search_path, std::vector<std::string> args,
+                     int child_in, int child_ready, pid_t* pid) {
   std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, child_in.get(), 0);
-  posix_spawn_file_actions_adddup2(&actions, child_ready.get(), kChildReadyFd);
+  posix_spawn_file_actions_adddup2(&actions, child_in, 0);
+  posix_spawn_file_actions_adddup2(&actions, child_ready, kChildReadyFd);
   posix_spawn_file_actions_addclosefrom_np(&actions, kChildReadyFd + 1);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
@@ -362,26 +348,16 @@ std::unique_ptr<FrequencyController> FrequencyController::start(const Controller
   posix_spawnattr_setpgroup(&attr, 0);
   posix_spawnattr_setflags(&attr,
                            POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
-  pid_t pid = -1;
-  const int rc = search_path
-                     ? posix_spawnp(&pid, exe.c_str(), &actions, &attr, argv.data(), environ)
-                     : posix_spawn(&pid, exe.c_str(), &actions, &attr, argv.data(), environ);
+  const int rc = search_path ? posix_spawnp(pid, exe.c_str(), &actions, &attr, argv.data(), environ)
+                             : posix_spawn(pid, exe.c_str(), &actions, &attr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
-  child_in.reset();
-  child_ready.reset();
-  if (rc != 0) {
-    throw Error(fmt::format("cannot start {}: {}{}", exe, std::strerror(rc),
-                            search_path ? " (not found next to this program nor on PATH; set "
-                                          "ControllerOptions.executable or $KAREUS_FREQD)"
-                                        : ""));
-  }
+  return rc;
+}
 
-  bool is_ready = false;
-  const std::string failure = wait_ready(ready_r.get(), pid, o.ready_timeout_s, &is_ready);
-  if (is_ready) return std::make_unique<ControllerImpl>(pid, ours.release(), o.dry_run);
-
-  ours.reset();  // end-of-file lets a slow starter exit by itself
+// A controller that did not report ready: reaps it (killing it after 2 s) and throws what it
+// said, typed by its exit code (2: bad input, 3: not supported).
+[[noreturn]] void fail_start(const ControllerOptions& o, pid_t pid, const std::string& failure) {
   int status = 0;
   const auto deadline = Clock::now() + std::chrono::seconds(2);
   pid_t r = 0;
@@ -399,6 +375,50 @@ std::unique_ptr<FrequencyController> FrequencyController::start(const Controller
   if (r == pid && WIFEXITED(status) && WEXITSTATUS(status) == 2) throw InvalidInput(message);
   if (r == pid && WIFEXITED(status) && WEXITSTATUS(status) == 3) throw NotSupported(message);
   throw Error(message);
+}
+
+}  // namespace
+
+std::unique_ptr<FrequencyController> FrequencyController::start(const ControllerOptions& o) {
+  check_options(o);
+  const auto [exe, search_path] = find_executable(o);
+
+  // The parent's ends stay close-on-exec, so other children of the training process never hold
+  // them; the child's ends are moved to fixed numbers by the spawn actions.
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+    throw Error(fmt::format("socketpair for kareus-freqd: {}", std::strerror(errno)));
+  }
+  Fd ours(sv[0]), theirs(sv[1]);
+  int ready[2];
+  if (pipe2(ready, O_CLOEXEC) != 0) {
+    throw Error(fmt::format("pipe for kareus-freqd: {}", std::strerror(errno)));
+  }
+  Fd ready_r(ready[0]), ready_w(ready[1]);
+  // Above the numbers the child uses, so each dup2 really duplicates (and drops CLOEXEC).
+  Fd child_in(fcntl(theirs.get(), F_DUPFD_CLOEXEC, 10));
+  Fd child_ready(fcntl(ready_w.get(), F_DUPFD_CLOEXEC, 10));
+  theirs.reset();
+  ready_w.reset();
+  if (child_in.get() < 0 || child_ready.get() < 0) {
+    throw Error(fmt::format("fcntl for kareus-freqd: {}", std::strerror(errno)));
+  }
+  pid_t pid = -1;
+  const int rc = spawn_controller(exe, search_path, controller_args(o, exe), child_in.get(),
+                                  child_ready.get(), &pid);
+  child_in.reset();
+  child_ready.reset();
+  if (rc != 0) {
+    throw Error(fmt::format("cannot start {}: {}{}", exe, std::strerror(rc),
+                            search_path ? " (not found next to this program nor on PATH; set "
+                                          "ControllerOptions.executable or $KAREUS_FREQD)"
+                                        : ""));
+  }
+  bool is_ready = false;
+  const std::string failure = wait_ready(ready_r.get(), pid, o.ready_timeout_s, &is_ready);
+  if (is_ready) return std::make_unique<ControllerImpl>(pid, ours.release(), o.dry_run);
+  ours.reset();  // end-of-file lets a slow starter exit by itself
+  fail_start(o, pid, failure);
 }
 
 }  // namespace kareus::runtime

@@ -128,8 +128,7 @@ class Actuator {
 
 class Controller {
  public:
-  Controller(const ControllerDaemonOptions& o, TransitionLog& log, Actuator& actuator)
-      : o_(o), log_(log), actuator_(actuator) {}
+  Controller(TransitionLog& log, Actuator& actuator) : log_(log), actuator_(actuator) {}
 
   void apply(int target_mhz) {
     if (target_mhz < 0) {
@@ -171,11 +170,150 @@ class Controller {
   }
 
  private:
-  const ControllerDaemonOptions& o_;
   TransitionLog& log_;
   Actuator& actuator_;
   int current_mhz_ = 0;  // 0: default clocks (what the GPU has when the controller starts)
   std::set<std::string> reported_;
+};
+
+// What the daemon holds once started: the log, the actuator and the signalfd.
+struct Started {
+  std::unique_ptr<TransitionLog> log;
+  std::unique_ptr<Actuator> actuator;
+  int sfd = -1;
+};
+
+// Checks the options and opens the GPU, the log and the signalfd; reports "R" (ready) or "E" and
+// the error on the ready pipe, so the client's start() returns only once clocks can be set.
+Started start_daemon(const ControllerDaemonOptions& o, const sigset_t& mask) {
+  Started st;
+  try {
+    if (o.gpu_index < 0) {
+      throw InvalidInput(fmt::format("--gpu must be >= 0, got {}", o.gpu_index));
+    }
+    if (!o.gpu_uuid.empty() && !o.pci_bus_id.empty()) {
+      throw InvalidInput(
+          fmt::format("--gpu-uuid {} and --pci-bus-id {}: give one of them, not both", o.gpu_uuid,
+                      o.pci_bus_id));
+    }
+    if (o.dry_run && o.log_path.empty()) {
+      throw InvalidInput("--dry-run needs --log FILE (the log is the only output of a dry run)");
+    }
+    st.actuator = std::make_unique<Actuator>(o);
+    st.log = std::make_unique<TransitionLog>(o.log_path, st.actuator->gpu());
+    st.sfd = signalfd(-1, &mask, SFD_CLOEXEC);
+    if (st.sfd < 0) throw Error(fmt::format("signalfd: {}", std::strerror(errno)));
+  } catch (const std::exception& e) {
+    if (o.ready_fd >= 0) {
+      write_all(o.ready_fd, std::string("E") + e.what());
+      close(o.ready_fd);
+    }
+    throw;
+  }
+  if (o.ready_fd >= 0) {
+    write_all(o.ready_fd, "R");
+    close(o.ready_fd);
+  }
+  return st;
+}
+
+// The input loop: targets arrive as records on a socket, but a byte stream (a pipe, a file)
+// works the same. End-of-file on the client's socket means "stop": queued targets are dropped. A
+// pipe or a file is a script (a manual run), applied in full.
+class InputLoop {
+ public:
+  InputLoop(const ControllerDaemonOptions& o, int sfd) : o_(o), sfd_(sfd) {
+    struct stat input_stat = {};
+    drop_at_eof_ = fstat(o.input_fd, &input_stat) == 0 && S_ISSOCK(input_stat.st_mode);
+    // Non-blocking, so one readiness report can be drained completely (read_targets).
+    fcntl(o.input_fd, F_SETFL, fcntl(o.input_fd, F_GETFL) | O_NONBLOCK);
+  }
+
+  // Applies targets until a signal, end of input or an error; returns the exit code and leaves
+  // the reason for the final reset in reason().
+  int run(Controller& controller) {
+    for (;;) {
+      pollfd fds[2] = {{o_.input_fd, POLLIN, 0}, {sfd_, POLLIN, 0}};
+      if (poll(fds, 2, -1) < 0) {
+        if (errno == EINTR) continue;
+        reason_ = "error";
+        return 1;
+      }
+      if ((fds[1].revents & POLLIN) != 0 && take_signal()) break;
+      if ((fds[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+      bool eof = false;
+      std::vector<int> targets = read_targets(&eof);
+      // The client is gone or stopping: what it queued no longer matters, only the reset does.
+      if (eof && drop_at_eof_) break;
+      if (o_.coalesce && targets.size() > 1) targets.erase(targets.begin(), targets.end() - 1);
+      bool stop = false;
+      for (std::size_t i = 0; i < targets.size() && !stop; ++i) {
+        stop = i > 0 && should_stop(&eof);
+        if (!stop) controller.apply(targets[i]);
+      }
+      if (stop || eof) break;
+    }
+    return exit_code_;
+  }
+
+  const char* reason() const { return reason_; }
+
+ private:
+  // Reads a waiting signal; true (with reason and exit code set) when there was one.
+  bool take_signal() {
+    signalfd_siginfo info = {};
+    if (read(sfd_, &info, sizeof info) != static_cast<ssize_t>(sizeof info)) return false;
+    const bool parent_gone = o_.parent_pid > 0 && getppid() != o_.parent_pid;
+    reason_ = parent_gone ? "parent_death" : "signal";
+    exit_code_ = parent_gone ? 0 : 128 + static_cast<int>(info.ssi_signo);
+    return true;
+  }
+
+  // Between two applies (each an NVML call of 10-20 ms on real drivers): a signal or a hung-up
+  // client ends the loop at once, so the reset never waits behind a backlog of targets. A
+  // SOCK_SEQPACKET peer that closed or shut down shows POLLHUP even with records still queued.
+  bool should_stop(bool* eof) {
+    pollfd fds[2] = {{o_.input_fd, 0, 0}, {sfd_, POLLIN, 0}};
+    if (poll(fds, 2, 0) <= 0) return false;
+    if ((fds[1].revents & POLLIN) != 0 && take_signal()) return true;
+    if (drop_at_eof_ && (fds[0].revents & (POLLHUP | POLLERR)) != 0) {
+      *eof = true;
+      return true;
+    }
+    return false;
+  }
+
+  // Drains what is waiting (bounded, so signals are still seen under a flood) and returns the
+  // whole records; a partial record waits for the rest.
+  std::vector<int> read_targets(bool* eof) {
+    for (int round = 0; round < 1024; ++round) {
+      char buf[64 * kWireMessageBytes];
+      const ssize_t n = read(o_.input_fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      if (n <= 0) {  // end-of-file (or a reset connection): the client is done
+        *eof = true;
+        break;
+      }
+      pending_.insert(pending_.end(), buf, buf + n);
+    }
+    const std::size_t whole = pending_.size() / kWireMessageBytes * kWireMessageBytes;
+    std::vector<int> targets;
+    for (std::size_t off = 0; off < whole; off += kWireMessageBytes) {
+      std::int32_t target = 0;
+      std::memcpy(&target, pending_.data() + off, kWireMessageBytes);
+      targets.push_back(target);
+    }
+    pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(whole));
+    return targets;
+  }
+
+  const ControllerDaemonOptions& o_;
+  int sfd_;
+  bool drop_at_eof_ = false;
+  std::vector<char> pending_;
+  int exit_code_ = 0;
+  const char* reason_ = "eof";
 };
 
 }  // namespace
@@ -190,123 +328,17 @@ int run_controller_daemon(const ControllerDaemonOptions& o) {
   sigprocmask(SIG_BLOCK, &mask, nullptr);
   prctl(PR_SET_PDEATHSIG, SIGTERM);
   const bool orphaned = o.parent_pid > 0 && getppid() != o.parent_pid;
-
-  std::unique_ptr<TransitionLog> log;
-  std::unique_ptr<Actuator> actuator;
-  int sfd = -1;
-  try {
-    if (o.gpu_index < 0) {
-      throw InvalidInput(fmt::format("--gpu must be >= 0, got {}", o.gpu_index));
-    }
-    if (!o.gpu_uuid.empty() && !o.pci_bus_id.empty()) {
-      throw InvalidInput(
-          fmt::format("--gpu-uuid {} and --pci-bus-id {}: give one of them, not both", o.gpu_uuid,
-                      o.pci_bus_id));
-    }
-    if (o.dry_run && o.log_path.empty()) {
-      throw InvalidInput("--dry-run needs --log FILE (the log is the only output of a dry run)");
-    }
-    actuator = std::make_unique<Actuator>(o);
-    log = std::make_unique<TransitionLog>(o.log_path, actuator->gpu());
-    sfd = signalfd(-1, &mask, SFD_CLOEXEC);
-    if (sfd < 0) throw Error(fmt::format("signalfd: {}", std::strerror(errno)));
-  } catch (const std::exception& e) {
-    if (o.ready_fd >= 0) {
-      write_all(o.ready_fd, std::string("E") + e.what());
-      close(o.ready_fd);
-    }
-    throw;
-  }
-  if (o.ready_fd >= 0) {
-    write_all(o.ready_fd, "R");
-    close(o.ready_fd);
-  }
-
-  // Non-blocking, so one readiness report can be drained completely (see the loop below).
-  fcntl(o.input_fd, F_SETFL, fcntl(o.input_fd, F_GETFL) | O_NONBLOCK);
-  Controller controller(o, *log, *actuator);
+  Started st = start_daemon(o, mask);
+  InputLoop loop(o, st.sfd);
+  Controller controller(*st.log, *st.actuator);
   if (orphaned) {
     controller.finish("parent_death");
-    close(sfd);
+    close(st.sfd);
     return 0;
   }
-
-  // Targets arrive as records on a socket, but a byte stream (a pipe, a file) works the same.
-  // End-of-file on the client's socket means "stop": queued targets are dropped. A pipe or a file
-  // is a script (a manual run), applied in full.
-  struct stat input_stat = {};
-  const bool drop_at_eof = fstat(o.input_fd, &input_stat) == 0 && S_ISSOCK(input_stat.st_mode);
-  std::vector<char> pending;
-  int exit_code = 0;
-  const char* reason = "eof";
-  // Reads a waiting signal; true (with reason and exit code set) when there was one.
-  const auto take_signal = [&] {
-    signalfd_siginfo info = {};
-    if (read(sfd, &info, sizeof info) != static_cast<ssize_t>(sizeof info)) return false;
-    const bool parent_gone = o.parent_pid > 0 && getppid() != o.parent_pid;
-    reason = parent_gone ? "parent_death" : "signal";
-    exit_code = parent_gone ? 0 : 128 + static_cast<int>(info.ssi_signo);
-    return true;
-  };
-  // Between two applies (each an NVML call of 10-20 ms on real drivers): a signal or a hung-up
-  // client ends the loop at once, so the reset never waits behind a backlog of targets. A
-  // SOCK_SEQPACKET peer that closed or shut down shows POLLHUP even with records still queued.
-  const auto should_stop = [&](bool* eof) {
-    pollfd fds[2] = {{o.input_fd, 0, 0}, {sfd, POLLIN, 0}};
-    if (poll(fds, 2, 0) <= 0) return false;
-    if ((fds[1].revents & POLLIN) != 0 && take_signal()) return true;
-    if (drop_at_eof && (fds[0].revents & (POLLHUP | POLLERR)) != 0) {
-      *eof = true;
-      return true;
-    }
-    return false;
-  };
-  for (;;) {
-    pollfd fds[2] = {{o.input_fd, POLLIN, 0}, {sfd, POLLIN, 0}};
-    if (poll(fds, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      reason = "error";
-      exit_code = 1;
-      break;
-    }
-    if ((fds[1].revents & POLLIN) != 0 && take_signal()) break;
-    if ((fds[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
-    // Drain what is waiting (bounded, so signals are still seen under a flood), then apply.
-    bool eof = false;
-    for (int round = 0; round < 1024; ++round) {
-      char buf[64 * kWireMessageBytes];
-      const ssize_t n = read(o.input_fd, buf, sizeof buf);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-      if (n <= 0) {  // end-of-file (or a reset connection): the client is done
-        eof = true;
-        break;
-      }
-      pending.insert(pending.end(), buf, buf + n);
-    }
-    const std::size_t whole = pending.size() / kWireMessageBytes * kWireMessageBytes;
-    std::vector<int> targets;
-    for (std::size_t off = 0; off < whole; off += kWireMessageBytes) {
-      std::int32_t target = 0;
-      std::memcpy(&target, pending.data() + off, kWireMessageBytes);
-      targets.push_back(target);
-    }
-    pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(whole));
-    // The client is gone or stopping: what it queued no longer matters, only the reset does.
-    if (eof && drop_at_eof) break;
-    if (o.coalesce && targets.size() > 1) targets.erase(targets.begin(), targets.end() - 1);
-    bool stop = false;
-    for (std::size_t i = 0; i < targets.size(); ++i) {
-      if (i > 0 && should_stop(&eof)) {
-        stop = true;
-        break;
-      }
-      controller.apply(targets[i]);
-    }
-    if (stop || eof) break;
-  }
-  controller.finish(reason);
-  close(sfd);
+  const int exit_code = loop.run(controller);
+  controller.finish(loop.reason());
+  close(st.sfd);
   return exit_code;
 }
 

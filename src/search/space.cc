@@ -38,11 +38,7 @@ SearchSpace make_search_space(const Partition& p, const GpuSpec& gpu, const Spac
   s.sms = o.sms.empty() ? default_collective_sms(p.collective.collective) : o.sms;
   s.slots = p.slot_names();
   for (int f : s.freqs_mhz) {
-    if (!gpu.supports_freq(f)) {
-      throw InvalidInput(fmt::format("frequency {} MHz: {} supports {}..{} MHz in {} MHz steps", f,
-                                     gpu.name, gpu.min_freq_mhz, gpu.max_freq_mhz,
-                                     gpu.freq_step_mhz));
-    }
+    gpu.require_freq(f, fmt::format("frequency {} MHz", f));
   }
   for (int m : s.sms) {
     if (m < 1 || m > kMaxCollectiveSms) {
@@ -54,11 +50,7 @@ SearchSpace make_search_space(const Partition& p, const GpuSpec& gpu, const Spac
 }
 
 void validate_config(const Partition& p, const GpuSpec& gpu, const PartitionConfig& c) {
-  if (!gpu.supports_freq(c.freq_mhz)) {
-    throw InvalidInput(fmt::format("--freq {}: {} supports {}..{} MHz in {} MHz steps", c.freq_mhz,
-                                   gpu.name, gpu.min_freq_mhz, gpu.max_freq_mhz,
-                                   gpu.freq_step_mhz));
-  }
+  gpu.require_freq(c.freq_mhz, fmt::format("--freq {}", c.freq_mhz));
   if (c.sms < 1 || c.sms > kMaxCollectiveSms) {
     throw InvalidInput(fmt::format(
         "--sms {}: allowed 1..{} (NCCL's channel limit); the search "

@@ -1,7 +1,7 @@
 // Search strategies.
 //
 // `mbo` is the multi-pass multi-objective Bayesian optimization of Kareus (Wu, Chung, Chowdhury,
-// OSDI '26; brief section 5): gradient-boosted-tree surrogates for time and dynamic energy, a
+// OSDI '26, section 5): gradient-boosted-tree surrogates for time and dynamic energy, a
 // bootstrap ensemble for uncertainty, random initial points, then batches filled by several
 // passes over the unevaluated candidates, each with its own criterion: hypervolume improvement
 // (HVI) of the predicted mean on (time, total energy) and on (time, dynamic energy), lowest
@@ -18,6 +18,8 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <random>
 
@@ -143,6 +145,182 @@ class RandomSearch : public SearchStrategy {
   }
 };
 
+// Smallest e such that q - (e, e) is not dominated by the front (0 if q is not dominated).
+double epsilon_behind(const std::vector<Point2>& front, Point2 q) {
+  double eps = std::numeric_limits<double>::infinity();
+  for (const auto& f : front) eps = std::min(eps, std::max({0.0, q.x - f.x, q.y - f.y}));
+  return front.empty() ? 0.0 : eps;
+}
+
+// One objective min-max normalized on the measured points: (v - lo) / scale.
+struct Scale {
+  double lo = 0, scale = 1;
+  static Scale of(const std::vector<double>& v) {  // v non-empty
+    const auto [mn, mx] = std::minmax_element(v.begin(), v.end());
+    return {*mn, std::max(*mx - *mn, 1e-300)};
+  }
+  double operator()(double v) const { return (v - lo) / scale; }
+};
+
+// One batch of mbo: surrogates fitted on the measured points predict every unevaluated
+// candidate; then the passes (HVI on total and on dynamic energy, fastest, uncertain) pick.
+class BatchSelector {
+ public:
+  BatchSelector(const Matrix& all, const Recorder& rec, const SearchOptions& o, double p_static,
+                std::uint64_t seed)
+      : pts_(rec.result.points) {
+    for (const auto& p : pts_) {
+      t_.push_back(p.m.time_s);
+      d_.push_back(p.m.dynamic_energy_j);
+      e_.push_back(p.m.energy_j);
+    }
+    ts_ = Scale::of(t_);
+    ds_ = Scale::of(d_);
+    es_ = Scale::of(e_);
+    for (std::size_t i = 0; i < all.rows; ++i) {
+      if (!rec.taken(i)) cand_.push_back(i);
+    }
+    fit_and_predict(all, rec, o, p_static, seed);
+    chosen_.assign(cand_.size(), false);
+  }
+
+  std::vector<std::size_t> select(std::size_t b, const SearchOptions& o) {
+    const std::size_t k1 = static_cast<std::size_t>(std::llround(b * o.share_hvi_total));
+    const std::size_t k2 = std::min(
+        b - std::min(b, k1), static_cast<std::size_t>(std::llround(b * o.share_hvi_dynamic)));
+    const std::size_t k3 = std::min(b - std::min(b, k1 + k2),
+                                    static_cast<std::size_t>(std::llround(b * o.share_fastest)));
+    const std::size_t k4 = b - std::min(b, k1 + k2 + k3);
+    hvi_pass(k1, pe_, es_, e_);
+    hvi_pass(k2, pd_, ds_, d_);
+    rank_pass(k3, [&](std::size_t j) { return pt_[j]; });
+    uncertainty_pass(k4);
+    // Rounding or an exhausted pass can leave the batch short: fill by total-energy HVI.
+    if (batch_.size() < b) hvi_pass(b - batch_.size(), pe_, es_, e_);
+    return batch_;
+  }
+
+ private:
+  // Targets min-max normalized for training (trees are scale-free, squared error is not);
+  // predictions back in physical units.
+  void fit_and_predict(const Matrix& all, const Recorder& rec, const SearchOptions& o,
+                       double p_static, std::uint64_t seed) {
+    Matrix x;
+    x.rows = pts_.size();
+    x.cols = all.cols;
+    std::vector<float> yt, yd;
+    for (std::size_t i = 0; i < pts_.size(); ++i) {
+      const float* r = all.row(rec.order[i]);
+      x.data.insert(x.data.end(), r, r + all.cols);
+      yt.push_back(static_cast<float>(ts_(t_[i])));
+      yd.push_back(static_cast<float>(ds_(d_[i])));
+    }
+    BootstrapEnsemble et(o.ensemble, seed * 2 + 1), ed(o.ensemble, seed * 2 + 2);
+    et.fit(x, yt);
+    ed.fit(x, yd);
+    Matrix cx;
+    cx.rows = cand_.size();
+    cx.cols = all.cols;
+    for (std::size_t i : cand_) cx.data.insert(cx.data.end(), all.row(i), all.row(i) + all.cols);
+    std::vector<double> mt, md;
+    et.predict(cx, mt, st_);
+    ed.predict(cx, md, sd_);
+    pt_.resize(cand_.size());
+    pd_.resize(cand_.size());
+    pe_.resize(cand_.size());
+    for (std::size_t j = 0; j < cand_.size(); ++j) {
+      pt_[j] = ts_.lo + mt[j] * ts_.scale;
+      pd_[j] = ds_.lo + md[j] * ds_.scale;
+      pe_[j] = pd_[j] + p_static * pt_[j];
+    }
+  }
+
+  void choose(std::size_t j) {
+    chosen_[j] = true;
+    batch_.push_back(cand_[j]);
+  }
+
+  // Greedy hypervolume improvement on (time, y): each pick joins the front as if measured
+  // ("Kriging believer"), so the next pick goes elsewhere.
+  void hvi_pass(std::size_t k, const std::vector<double>& py, const Scale& ys,
+                const std::vector<double>& measured_y) {
+    std::vector<Point2> front_pts;
+    for (std::size_t i = 0; i < pts_.size(); ++i) {
+      front_pts.push_back({ts_(t_[i]), ys(measured_y[i])});
+    }
+    Front2 front(front_pts, {1.1, 1.1});
+    for (std::size_t n = 0; n < k && batch_.size() < cand_.size(); ++n) {
+      std::size_t best = cand_.size();
+      double best_score = -1e300;
+      for (std::size_t j = 0; j < cand_.size(); ++j) {
+        if (chosen_[j]) continue;
+        const Point2 q{ts_(pt_[j]), ys(py[j])};
+        const double g = front.improvement(q);
+        // Predicted-dominated candidates rank by how far they sit behind the front (additive
+        // epsilon indicator, Zitzler et al., IEEE TEC 2003): measurement noise and model error
+        // make the nearest ones the likeliest to land on the measured front.
+        const double score = g > 0 ? g : -epsilon_behind(front.points(), q);
+        if (score > best_score) {
+          best = j;
+          best_score = score;
+        }
+      }
+      if (best == cand_.size()) return;
+      choose(best);
+      front.add({ts_(pt_[best]), ys(py[best])});
+    }
+  }
+
+  // The k unchosen candidates of lowest score (stable: ties keep candidate order).
+  void rank_pass(std::size_t k, const std::function<double(std::size_t)>& score) {
+    std::vector<std::size_t> order;
+    for (std::size_t j = 0; j < cand_.size(); ++j) {
+      if (!chosen_[j]) order.push_back(j);
+    }
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t a, std::size_t c) { return score(a) < score(c); });
+    for (std::size_t n = 0; n < k && n < order.size(); ++n) choose(order[n]);
+  }
+
+  // Uncertainty among plausible candidates only: those whose predicted point lies in the
+  // nearer half behind the measured (time, total energy) front. Far-dominated corners (the
+  // lowest clocks below the voltage floor) are uncertain but cannot join the front.
+  void uncertainty_pass(std::size_t k) {
+    std::vector<Point2> measured_e;
+    for (std::size_t i = 0; i < pts_.size(); ++i) measured_e.push_back({ts_(t_[i]), es_(e_[i])});
+    const Front2 fe(measured_e, {1.1, 1.1});
+    std::vector<double> behind(cand_.size());
+    for (std::size_t j = 0; j < cand_.size(); ++j) {
+      behind[j] = epsilon_behind(fe.points(), {ts_(pt_[j]), es_(pe_[j])});
+    }
+    std::vector<double> sorted_behind = behind;
+    std::nth_element(sorted_behind.begin(), sorted_behind.begin() + sorted_behind.size() / 2,
+                     sorted_behind.end());
+    const double median_behind =
+        sorted_behind.empty() ? 0 : sorted_behind[sorted_behind.size() / 2];
+    rank_pass(k, [&](std::size_t j) {
+      return (behind[j] <= median_behind ? 0.0 : 1e6) - (st_[j] + sd_[j]);
+    });
+  }
+
+  const std::vector<SearchPoint>& pts_;
+  std::vector<double> t_, d_, e_;     ///< measured time, dynamic and total energy
+  Scale ts_, ds_, es_;                ///< their normalizations
+  std::vector<std::size_t> cand_;     ///< unevaluated candidate indices
+  std::vector<double> pt_, pd_, pe_;  ///< predicted time, dynamic and total energy
+  std::vector<double> st_, sd_;       ///< predicted spreads (normalized)
+  std::vector<bool> chosen_;
+  std::vector<std::size_t> batch_;
+};
+
+enum class InitialDesign { kRandom, kLatinHypercube };
+
+InitialDesign initial_design_of(const SearchOptions& o) {
+  if (o.initial_design == "random") return InitialDesign::kRandom;
+  if (o.initial_design == "lhs") return InitialDesign::kLatinHypercube;
+  throw InvalidInput(fmt::format("--initial-design '{}': allowed random, lhs", o.initial_design));
+}
+
 class MboSearch : public SearchStrategy {
  public:
   std::string name() const override { return "mbo"; }
@@ -216,16 +394,14 @@ class MboSearch : public SearchStrategy {
       bad(fmt::format("pass shares must be >= 0 and sum to 1, got {} + {} + {} + {}",
                       o.share_hvi_total, o.share_hvi_dynamic, o.share_fastest, o.share_uncertain));
     }
-    if (o.initial_design != "random" && o.initial_design != "lhs") {
-      bad(fmt::format("--initial-design '{}': allowed random, lhs", o.initial_design));
-    }
+    initial_design_of(o);  // throws on an unknown name
     if (o.ensemble.members < 2) bad("the ensemble needs at least 2 members");
   }
 
   static std::vector<std::size_t> initial_design(const SearchSpace& space, std::size_t k,
                                                  const SearchOptions& o) {
     const std::size_t total = space.size();
-    if (o.initial_design == "random") {
+    if (initial_design_of(o) == InitialDesign::kRandom) {
       auto order = shuffled(total, o.seed);
       order.resize(k);
       return order;
@@ -270,154 +446,62 @@ class MboSearch : public SearchStrategy {
     return normalized_hypervolume(pts, lo, hi);
   }
 
-  // Smallest e such that q - (e, e) is not dominated by the front (0 if q is not dominated).
-  static double epsilon_behind(const std::vector<Point2>& front, Point2 q) {
-    double eps = std::numeric_limits<double>::infinity();
-    for (const auto& f : front) eps = std::min(eps, std::max({0.0, q.x - f.x, q.y - f.y}));
-    return front.empty() ? 0.0 : eps;
-  }
-
-  // One batch: the four passes over the unevaluated candidates.
+  // One batch: the four passes over the unevaluated candidates (BatchSelector).
   static std::vector<std::size_t> select_batch(const Matrix& all, const Recorder& rec,
                                                std::size_t b, const SearchOptions& o,
                                                double p_static, std::uint64_t seed) {
-    const auto& pts = rec.result.points;
-    // Training data, targets min-max normalized (trees are scale-free, squared error is not).
-    Matrix x;
-    x.rows = pts.size();
-    x.cols = all.cols;
-    std::vector<double> t, d;
-    for (std::size_t i = 0; i < pts.size(); ++i) {
-      const float* r = all.row(rec.order[i]);
-      x.data.insert(x.data.end(), r, r + all.cols);
-      t.push_back(pts[i].m.time_s);
-      d.push_back(pts[i].m.dynamic_energy_j);
-    }
-    const auto [tmin, tmax] = std::minmax_element(t.begin(), t.end());
-    const auto [dmin, dmax] = std::minmax_element(d.begin(), d.end());
-    const double t0 = *tmin, ts = std::max(*tmax - *tmin, 1e-300);
-    const double d0 = *dmin, ds = std::max(*dmax - *dmin, 1e-300);
-    std::vector<float> yt, yd;
-    for (std::size_t i = 0; i < t.size(); ++i) {
-      yt.push_back(static_cast<float>((t[i] - t0) / ts));
-      yd.push_back(static_cast<float>((d[i] - d0) / ds));
-    }
-    BootstrapEnsemble et(o.ensemble, seed * 2 + 1), ed(o.ensemble, seed * 2 + 2);
-    et.fit(x, yt);
-    ed.fit(x, yd);
-
-    std::vector<std::size_t> cand;
-    for (std::size_t i = 0; i < all.rows; ++i) {
-      if (!rec.taken(i)) cand.push_back(i);
-    }
-    Matrix cx;
-    cx.rows = cand.size();
-    cx.cols = all.cols;
-    for (std::size_t i : cand) cx.data.insert(cx.data.end(), all.row(i), all.row(i) + all.cols);
-    std::vector<double> mt, st, md, sd;
-    et.predict(cx, mt, st);
-    ed.predict(cx, md, sd);
-
-    // Predictions in physical units, then per-objective normalization on the measured points.
-    std::vector<double> pt(cand.size()), pd(cand.size()), pe(cand.size());
-    for (std::size_t j = 0; j < cand.size(); ++j) {
-      pt[j] = t0 + mt[j] * ts;
-      pd[j] = d0 + md[j] * ds;
-      pe[j] = pd[j] + p_static * pt[j];
-    }
-    std::vector<double> e;
-    for (const auto& p : pts) e.push_back(p.m.energy_j);
-    const auto [emin, emax] = std::minmax_element(e.begin(), e.end());
-    const double e0 = *emin, es = std::max(*emax - *emin, 1e-300);
-
-    std::vector<bool> chosen(cand.size(), false);
-    std::vector<std::size_t> batch;
-    const std::size_t k1 = static_cast<std::size_t>(std::llround(b * o.share_hvi_total));
-    const std::size_t k2 = std::min(
-        b - std::min(b, k1), static_cast<std::size_t>(std::llround(b * o.share_hvi_dynamic)));
-    const std::size_t k3 = std::min(b - std::min(b, k1 + k2),
-                                    static_cast<std::size_t>(std::llround(b * o.share_fastest)));
-    const std::size_t k4 = b - std::min(b, k1 + k2 + k3);
-
-    auto hvi_pass = [&](std::size_t k, const std::vector<double>& py, double y0, double ysc,
-                        const std::vector<double>& measured_y) {
-      std::vector<Point2> front_pts;
-      for (std::size_t i = 0; i < pts.size(); ++i) {
-        front_pts.push_back({(t[i] - t0) / ts, (measured_y[i] - y0) / ysc});
-      }
-      Front2 front(front_pts, {1.1, 1.1});
-      for (std::size_t n = 0; n < k && batch.size() < cand.size(); ++n) {
-        std::size_t best = cand.size();
-        double best_score = -1e300;
-        for (std::size_t j = 0; j < cand.size(); ++j) {
-          if (chosen[j]) continue;
-          const Point2 q{(pt[j] - t0) / ts, (py[j] - y0) / ysc};
-          const double g = front.improvement(q);
-          // Predicted-dominated candidates rank by how far they sit behind the front (additive
-          // epsilon indicator, Zitzler et al., IEEE TEC 2003): measurement noise and model error
-          // make the nearest ones the likeliest to land on the measured front.
-          const double score = g > 0 ? g : -epsilon_behind(front.points(), q);
-          if (score > best_score) {
-            best = j;
-            best_score = score;
-          }
-        }
-        if (best == cand.size()) return;
-        chosen[best] = true;
-        batch.push_back(cand[best]);
-        front.add({(pt[best] - t0) / ts, (py[best] - y0) / ysc});
-      }
-    };
-    auto rank_pass = [&](std::size_t k, const std::function<double(std::size_t)>& score) {
-      std::vector<std::size_t> order;
-      for (std::size_t j = 0; j < cand.size(); ++j) {
-        if (!chosen[j]) order.push_back(j);
-      }
-      std::stable_sort(order.begin(), order.end(),
-                       [&](std::size_t a, std::size_t c) { return score(a) < score(c); });
-      for (std::size_t n = 0; n < k && n < order.size(); ++n) {
-        chosen[order[n]] = true;
-        batch.push_back(cand[order[n]]);
-      }
-    };
-    hvi_pass(k1, pe, e0, es, e);
-    hvi_pass(k2, pd, d0, ds, d);
-    rank_pass(k3, [&](std::size_t j) { return pt[j]; });
-    // Uncertainty among plausible candidates only: those whose predicted point lies in the
-    // nearer half behind the measured (time, total energy) front. Far-dominated corners (the
-    // lowest clocks below the voltage floor) are uncertain but cannot join the front.
-    std::vector<Point2> measured_e;
-    for (std::size_t i = 0; i < pts.size(); ++i)
-      measured_e.push_back({(t[i] - t0) / ts, (e[i] - e0) / es});
-    const Front2 fe(measured_e, {1.1, 1.1});
-    std::vector<double> behind(cand.size());
-    for (std::size_t j = 0; j < cand.size(); ++j) {
-      behind[j] = epsilon_behind(fe.points(), {(pt[j] - t0) / ts, (pe[j] - e0) / es});
-    }
-    std::vector<double> sorted_behind = behind;
-    std::nth_element(sorted_behind.begin(), sorted_behind.begin() + sorted_behind.size() / 2,
-                     sorted_behind.end());
-    const double median_behind =
-        sorted_behind.empty() ? 0 : sorted_behind[sorted_behind.size() / 2];
-    rank_pass(k4, [&](std::size_t j) {
-      return (behind[j] <= median_behind ? 0.0 : 1e6) - (st[j] + sd[j]);
-    });
-    // Rounding or an exhausted pass can leave the batch short: fill by total-energy HVI.
-    if (batch.size() < b) hvi_pass(b - batch.size(), pe, e0, es, e);
-    return batch;
+    BatchSelector sel(all, rec, o, p_static, seed);
+    return sel.select(b, o);
   }
 };
 
 }  // namespace
 
-std::vector<std::string> search_strategy_names() { return {"exhaustive", "mbo", "random"}; }
+namespace {
+
+// Name registry of search strategies, as the profilers' (src/profiler/registry.cc): the error
+// for an unknown name lists every registered one.
+std::map<std::string, SearchStrategyFactory>& strategy_registry() {
+  static std::map<std::string, SearchStrategyFactory> r = {
+      {"exhaustive", [] { return std::make_unique<ExhaustiveSearch>(); }},
+      {"mbo", [] { return std::make_unique<MboSearch>(); }},
+      {"random", [] { return std::make_unique<RandomSearch>(); }},
+  };
+  return r;
+}
+
+std::mutex& strategy_registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+}  // namespace
+
+bool register_search_strategy(const std::string& name, SearchStrategyFactory factory) {
+  std::lock_guard<std::mutex> lock(strategy_registry_mutex());
+  strategy_registry()[name] = std::move(factory);
+  return true;
+}
+
+std::vector<std::string> search_strategy_names() {
+  std::lock_guard<std::mutex> lock(strategy_registry_mutex());
+  std::vector<std::string> names;
+  for (const auto& [name, f] : strategy_registry()) names.push_back(name);
+  return names;
+}
 
 std::unique_ptr<SearchStrategy> create_search_strategy(const std::string& name) {
-  if (name == "mbo") return std::make_unique<MboSearch>();
-  if (name == "random") return std::make_unique<RandomSearch>();
-  if (name == "exhaustive") return std::make_unique<ExhaustiveSearch>();
-  throw InvalidInput(fmt::format("unknown search strategy '{}'; available: {}", name,
-                                 fmt::join(search_strategy_names(), ", ")));
+  SearchStrategyFactory f;
+  {
+    std::lock_guard<std::mutex> lock(strategy_registry_mutex());
+    auto it = strategy_registry().find(name);
+    if (it != strategy_registry().end()) f = it->second;
+  }
+  if (!f) {
+    throw InvalidInput(fmt::format("unknown search strategy '{}'; available: {}", name,
+                                   fmt::join(search_strategy_names(), ", ")));
+  }
+  return f();
 }
 
 }  // namespace kareus

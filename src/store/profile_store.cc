@@ -26,6 +26,9 @@ struct ProfileStore::Impl {
   sqlite3* db = nullptr;
   std::string path;
   Stmt find, put, count;
+  // While the constructor runs, every SQLite failure is the path's fault (/dev/null, a
+  // directory, a file that is not SQLite, a read-only place): invalid input, not internal.
+  bool opening = true;
 
   ~Impl() {
     find.reset();
@@ -41,7 +44,7 @@ struct ProfileStore::Impl {
           "{}: not a usable profile store ({}: {}); pass --db with a new path or a Kareus store",
           path, what, msg));
     }
-    if (rc == SQLITE_CANTOPEN || rc == SQLITE_READONLY || rc == SQLITE_PERM) {
+    if (rc == SQLITE_CANTOPEN || rc == SQLITE_READONLY || rc == SQLITE_PERM || opening) {
       throw InvalidInput(
           fmt::format("{}: cannot open the profile store ({}: {})", path, what, msg));
     }
@@ -134,6 +137,7 @@ ProfileStore::ProfileStore(const std::string& path) : impl_(std::make_unique<Imp
       "?12)");
   impl_->count = impl_->prepare(
       "SELECT COUNT(*) FROM measurements WHERE gpu=?1 AND backend=?2 AND signature=?3");
+  impl_->opening = false;
 }
 
 ProfileStore::~ProfileStore() = default;
@@ -262,9 +266,79 @@ Measurement CachedProfiler::measure(const Partition& p, const PartitionConfig& c
   return serve(key(p, c), [&] { return backend_.measure(p, c); });
 }
 
+std::vector<Measurement> CachedProfiler::serve_parallel(const std::vector<StoreKey>& keys,
+                                                        const std::vector<MeasureRequest>& requests,
+                                                        const BatchCallback& on_point) {
+  const std::size_t n = keys.size();
+  std::vector<Measurement> out(n);
+  std::vector<bool> have(n, false);
+  std::size_t emitted = 0;
+  auto flush = [&] {
+    for (; emitted < n && have[emitted]; ++emitted) {
+      if (on_point) on_point(emitted, out[emitted]);
+    }
+  };
+  // Distinct missing points; a point repeated in the batch is measured once.
+  std::vector<MeasureRequest> todo;
+  std::vector<std::size_t> todo_first;
+  std::map<std::string, std::vector<std::size_t>> waiting;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::string mk = memo_key(keys[i]);
+    if (auto it = memo_.find(mk); it != memo_.end()) {
+      out[i] = it->second;
+      have[i] = true;
+      continue;
+    }
+    if (auto w = waiting.find(mk); w != waiting.end()) {
+      w->second.push_back(i);
+      continue;
+    }
+    if (store_) {
+      if (auto m = store_->find(keys[i])) {
+        ++reused_;
+        out[i] = memo_.emplace(mk, *m).first->second;
+        have[i] = true;
+        continue;
+      }
+    }
+    waiting[mk] = {i};
+    todo.push_back(requests[i]);
+    todo_first.push_back(i);
+  }
+  flush();
+  if (todo.empty()) return out;
+  parallel_->measure_all(todo, [&](std::size_t j, const Measurement& m, const std::string& fp) {
+    const std::size_t first = todo_first[j];
+    // Committed on arrival: a run killed now keeps this point.
+    if (store_) {
+      StoreKey actual = keys[first];
+      actual.backend = fp;
+      store_->put(actual, m);
+    }
+    ++measured_;
+    const std::string mk = memo_key(keys[first]);
+    memo_.emplace(mk, m);
+    for (std::size_t i : waiting[mk]) {
+      out[i] = m;
+      have[i] = true;
+    }
+    flush();
+  });
+  return out;
+}
+
 std::vector<Measurement> CachedProfiler::measure_batch(const Partition& p,
                                                        const std::vector<PartitionConfig>& configs,
                                                        const BatchCallback& on_point) {
+  if (parallel_ && !ask_) {
+    std::vector<StoreKey> keys;
+    std::vector<MeasureRequest> requests;
+    for (const auto& c : configs) {
+      keys.push_back(key(p, c));
+      requests.push_back({&p, nullptr, c});
+    }
+    return serve_parallel(keys, requests, on_point);
+  }
   std::vector<Measurement> out(configs.size());
   std::vector<PartitionConfig> missing;
   for (std::size_t i = 0; i < configs.size(); ++i) {
@@ -280,10 +354,27 @@ std::vector<Measurement> CachedProfiler::measure_batch(const Partition& p,
   return out;
 }
 
-Measurement CachedProfiler::measure_segment(const Segment& s, int freq_mhz) {
-  const StoreKey k{
+StoreKey CachedProfiler::segment_key(const Segment& s, int freq_mhz) const {
+  return {
       backend_.gpu().name, backend_.fingerprint(), segment_signature(s), s.name, freq_mhz, 0, "-"};
-  return serve(k, [&] { return backend_.measure_segment(s, freq_mhz); });
+}
+
+Measurement CachedProfiler::measure_segment(const Segment& s, int freq_mhz) {
+  return serve(segment_key(s, freq_mhz), [&] { return backend_.measure_segment(s, freq_mhz); });
+}
+
+void CachedProfiler::measure_segments(const std::vector<std::pair<const Segment*, int>>& points) {
+  if (!parallel_ || ask_) {
+    for (const auto& [s, f] : points) measure_segment(*s, f);
+    return;
+  }
+  std::vector<StoreKey> keys;
+  std::vector<MeasureRequest> requests;
+  for (const auto& [s, f] : points) {
+    keys.push_back(segment_key(*s, f));
+    requests.push_back({nullptr, s, {f, 0, "-"}});
+  }
+  serve_parallel(keys, requests, {});
 }
 
 }  // namespace kareus

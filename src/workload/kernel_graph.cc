@@ -2,7 +2,7 @@
 // attention with RoPE, SwiGLU MLP) under tensor, context, pipeline and data parallelism.
 //
 // FLOP counts follow Narayanan et al., "Efficient Large-Scale Language Model Training on GPU
-// Clusters Using Megatron-LM" (SC '21), adapted to GQA and SwiGLU as in the brief (section 9):
+// Clusters Using Megatron-LM" (SC '21), adapted to GQA and SwiGLU:
 // per layer forward QKV 2*T*h*(a+2g)*d/t, attention 2*b*s^2*(a/t)*d (causal half), output
 // projection 2*T*a*d*h/t, MLP 6*T*h*f/t; a backward GEMM is twice its forward. FlashAttention-2
 // (Dao, 2023) backward performs 2.5x the forward's matmul work (it recomputes the scores); the
@@ -222,7 +222,7 @@ class Builder {
       case CommGroup::kPp:
       case CommGroup::kEmbedding:
         c.group_size = 2;
-        stride = p_.tp * p_.cp * p_.dp * (group == CommGroup::kPp ? 1 : (p_.pp - 1));
+        stride = p_.gpus_per_stage() * (group == CommGroup::kPp ? 1 : (p_.pp - 1));
         break;
     }
     c.inter_node = stride * (c.group_size - 1) >= w_.cluster.gpus_per_node;
@@ -529,7 +529,7 @@ KernelGraph build_kernel_graph(const Workload& w) {
   }
 
   // Whole-job FLOPs: every GPU of a stage runs micro_batches instructions of each kind.
-  const double gpus_per_stage = static_cast<double>(p.tp) * p.cp * p.dp;
+  const double gpus_per_stage = p.gpus_per_stage();
   const double mbs = w.batch.micro_batches;
   for (const auto& sg : g.stages) {
     const double model =

@@ -11,19 +11,72 @@
 #include <numeric>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 #include "kareus/error.h"
 
 namespace kareus {
 namespace {
 
-// Model presets from the models' published configurations (brief section 9).
+// Model presets from the models' published configurations (Hugging Face config.json files).
 ModelConfig llama32_3b() {
   return {"llama3.2-3b", 28, 3072, 8192, 24, 8, 128, 128256, true, false};
 }
 ModelConfig qwen3_17b() { return {"qwen3-1.7b", 28, 2048, 6144, 16, 8, 128, 151936, true, true}; }
 ModelConfig llama33_70b() {
   return {"llama3.3-70b", 80, 8192, 28672, 64, 8, 128, 128256, false, false};
+}
+
+// Upper limits on every size a workload names. Planning work and memory grow with them (the
+// emulator and the frontier keep every (stage, micro-batch) pass; kernel shapes multiply them),
+// so an absurd value must stop at load time, not after the machine runs out of memory. Each
+// limit is several times what the largest published training jobs use (Llama 3 405B: 126
+// layers, hidden 16384, 16K GPUs, 2048 sequences per global batch; contexts up to 1M tokens),
+// so every real job fits. Products of these limits stay far inside 64-bit integers.
+struct SizeLimit {
+  std::string_view key;
+  long long max;
+  std::string_view why;
+};
+constexpr SizeLimit kSizeLimits[] = {
+    {"model.layers", 1024, "8x the deepest published LLM (126 layers)"},
+    {"model.hidden", 131072, "8x the widest published LLM (hidden 16384)"},
+    {"model.ffn_hidden", 524288, "about 10x the largest published FFN width (53248)"},
+    {"model.heads", 1024, "8x the most attention heads published (128)"},
+    {"model.kv_heads", 1024, "8x the most attention heads published (128)"},
+    {"model.head_dim", 1024, "4x the largest head dimension in use (256)"},
+    {"model.vocab", 4194304, "16x the largest published vocabulary (256K tokens)"},
+    {"cluster.nodes", 16384, "131072 GPUs at 8 per node, beyond any cluster built"},
+    {"cluster.gpus_per_node", 1024, "the largest NVLink domains hold 72 to 576 GPUs"},
+    {"parallel.tp", 1024, "tensor parallelism stays inside one node"},
+    {"parallel.cp", 1024, "1024 context-parallel ranks split 4M tokens into 4K-token chunks"},
+    {"parallel.pp", 1024, "a pipeline stage holds at least one layer (model.layers <= 1024)"},
+    {"parallel.dp", 131072, "the GPU count is at most 131072"},
+    {"batch.micro_batch", 4096, "2x the sequences of the largest published global batch (2048)"},
+    {"batch.seq_len", 4194304, "4x the longest trained context (1M tokens)"},
+    {"batch.micro_batches", 4096,
+     "planning keeps every (stage, micro-batch) pass in memory; 2x the sequences of the largest "
+     "published global batch (2048) at one sequence per micro-batch"},
+};
+// Limits on products of the sizes above, for the same reasons.
+constexpr long long kMaxGpus = 131072;  // beyond the largest clusters built (about 100K GPUs)
+constexpr long long kMaxMicroBatchTokens = 16777216;  // the largest published global batch (16M)
+
+const SizeLimit* size_limit(std::string_view key) {
+  for (const auto& l : kSizeLimits) {
+    if (l.key == key) return &l;
+  }
+  return nullptr;
+}
+
+// Why `value` is out of range for `key` (a dotted key of kSizeLimits), or "" when it is fine.
+std::string size_error(std::string_view key, long long value) {
+  if (value <= 0) return fmt::format("must be a positive integer, got {}", value);
+  const SizeLimit* l = size_limit(key);
+  if (l != nullptr && value > l->max) {
+    return fmt::format("{} is above the limit of {} ({})", value, l->max, l->why);
+  }
+  return "";
 }
 
 // Walks a YAML mapping, checking key names and value types; errors carry file and dotted key.
@@ -51,7 +104,8 @@ class Section {
     require_map(fmt::format("{}", fmt::join(allowed, ", ")));
     std::set<std::string> ok(allowed.begin(), allowed.end());
     for (const auto& kv : node_) {
-      const auto key = kv.first.as<std::string>();
+      // A key may itself be a list or a mapping ("? [a, b]"): name it, do not convert it.
+      const auto key = kv.first.IsScalar() ? kv.first.Scalar() : scalar_text(kv.first);
       if (!ok.count(key)) {
         fail(key, fmt::format("unknown key; allowed keys here: {}", fmt::join(allowed, ", ")));
       }
@@ -77,6 +131,7 @@ class Section {
     }
     if (v <= 0) fail(key, fmt::format("must be a positive integer, got {}", v));
     if (v > 1'000'000'000LL) fail(key, fmt::format("value {} is too large", v));
+    if (const std::string why = size_error(dotted(key), v); !why.empty()) fail(key, why);
     return static_cast<int>(v);
   }
 
@@ -141,7 +196,125 @@ ModelConfig parse_model(const Section& top) {
   return c;
 }
 
+ClusterConfig parse_cluster(const Section& c) {
+  c.check_keys({"nodes", "gpus_per_node"});
+  ClusterConfig cluster;
+  cluster.nodes = c.positive_int("nodes");
+  cluster.gpus_per_node = c.positive_int("gpus_per_node");
+  return cluster;
+}
+
+std::vector<int> parse_stage_layers(const Section& p, int model_layers) {
+  const YAML::Node sl = p.get("stage_layers");
+  if (!sl.IsSequence()) p.fail("stage_layers", "expected a list of positive integers");
+  std::vector<int> out;
+  for (std::size_t i = 0; i < sl.size(); ++i) {
+    long long v = 0;
+    try {
+      if (!sl[i].IsScalar()) throw YAML::BadConversion(sl[i].Mark());
+      v = sl[i].as<long long>();
+    } catch (const YAML::Exception&) {
+      p.fail("stage_layers", fmt::format("entry {} is not an integer", i));
+    }
+    if (v <= 0) p.fail("stage_layers", fmt::format("entry {} must be positive, got {}", i, v));
+    if (v > model_layers) {
+      p.fail("stage_layers",
+             fmt::format("entry {} ({}) is above model.layers ({})", i, v, model_layers));
+    }
+    out.push_back(static_cast<int>(v));
+  }
+  return out;
+}
+
+ParallelConfig parse_parallel(const Section& p, int model_layers) {
+  p.check_keys({"tp", "cp", "pp", "dp", "sequence_parallel", "stage_layers"});
+  ParallelConfig par;
+  par.tp = p.positive_int_or("tp", 1);
+  par.cp = p.positive_int_or("cp", 1);
+  par.pp = p.positive_int_or("pp", 1);
+  par.dp = p.positive_int_or("dp", 1);
+  par.sequence_parallel = p.boolean_or("sequence_parallel", false);
+  if (p.has("stage_layers")) {
+    par.stage_layers = parse_stage_layers(p, model_layers);
+  } else {
+    // Even split, earlier stages take the remainder (Megatron's default for uneven splits).
+    for (int s = 0; s < par.pp; ++s) {
+      par.stage_layers.push_back(model_layers / par.pp + (s < model_layers % par.pp ? 1 : 0));
+    }
+  }
+  return par;
+}
+
+BatchConfig parse_batch(const Section& b) {
+  b.check_keys({"micro_batch", "seq_len", "micro_batches", "nano_batches"});
+  BatchConfig batch;
+  batch.micro_batch = b.positive_int("micro_batch");
+  batch.seq_len = b.positive_int("seq_len");
+  batch.micro_batches = b.positive_int("micro_batches");
+  batch.nano_batches = b.positive_int_or("nano_batches", 2);
+  return batch;
+}
+
+Recompute parse_recompute(const Section& top) {
+  const std::string r = top.string("recompute");
+  if (r == "full") return Recompute::kFull;
+  if (r == "none") return Recompute::kNone;
+  top.fail("recompute", fmt::format("allowed values: full, none; got '{}'", r));
+}
+
 std::string err_source(const Workload& w) { return w.source.empty() ? "<workload>" : w.source; }
+
+// Every size within (0, limit] and the products within theirs. Runs first: the other checks
+// divide by the sizes and multiply them.
+void check_sizes(const Workload& w) {
+  const std::string src = err_source(w);
+  auto fail = [&](const std::string& key, const std::string& what) {
+    throw InvalidInput(fmt::format("{}: key '{}': {}", src, key, what));
+  };
+  const auto& p = w.parallel;
+  const auto& m = w.model;
+  const auto& b = w.batch;
+  const std::pair<std::string_view, long long> sizes[] = {
+      {"model.layers", m.layers},
+      {"model.hidden", m.hidden},
+      {"model.ffn_hidden", m.ffn_hidden},
+      {"model.heads", m.heads},
+      {"model.kv_heads", m.kv_heads},
+      {"model.head_dim", m.head_dim},
+      {"model.vocab", m.vocab},
+      {"cluster.nodes", w.cluster.nodes},
+      {"cluster.gpus_per_node", w.cluster.gpus_per_node},
+      {"parallel.tp", p.tp},
+      {"parallel.cp", p.cp},
+      {"parallel.pp", p.pp},
+      {"parallel.dp", p.dp},
+      {"batch.micro_batch", b.micro_batch},
+      {"batch.seq_len", b.seq_len},
+      {"batch.micro_batches", b.micro_batches},
+      {"batch.nano_batches", b.nano_batches},
+  };
+  for (const auto& [key, value] : sizes) {
+    if (const std::string why = size_error(key, value); !why.empty()) fail(std::string(key), why);
+  }
+  const long long gpus = static_cast<long long>(w.cluster.nodes) * w.cluster.gpus_per_node;
+  if (gpus > kMaxGpus) {
+    fail("cluster", fmt::format("nodes*gpus_per_node = {} is above the limit of {} GPUs (beyond "
+                                "the largest clusters built, about 100K GPUs)",
+                                gpus, kMaxGpus));
+  }
+  const long long ranks = static_cast<long long>(p.tp) * p.cp * p.pp * p.dp;
+  if (ranks != gpus) {
+    fail("parallel", fmt::format("tp*cp*pp*dp = {}*{}*{}*{} = {} must equal the GPU count "
+                                 "cluster.nodes*cluster.gpus_per_node = {}",
+                                 p.tp, p.cp, p.pp, p.dp, ranks, gpus));
+  }
+  const long long tokens = static_cast<long long>(b.micro_batch) * b.seq_len;
+  if (tokens > kMaxMicroBatchTokens) {
+    fail("batch", fmt::format("micro_batch*seq_len = {} tokens is above the limit of {} per "
+                              "micro-batch (the largest published global batch)",
+                              tokens, kMaxMicroBatchTokens));
+  }
+}
 
 }  // namespace
 
@@ -164,17 +337,13 @@ ModelConfig model_preset(const std::string& name) {
 }
 
 void validate_workload(const Workload& w) {
+  check_sizes(w);
   const std::string src = err_source(w);
   auto fail = [&](const std::string& key, const std::string& what) {
     throw InvalidInput(fmt::format("{}: key '{}': {}", src, key, what));
   };
   const auto& p = w.parallel;
-  const int gpus = w.cluster.gpus();
-  if (p.tp * p.cp * p.pp * p.dp != gpus) {
-    fail("parallel", fmt::format("tp*cp*pp*dp = {}*{}*{}*{} = {} must equal the GPU count "
-                                 "cluster.nodes*cluster.gpus_per_node = {}",
-                                 p.tp, p.cp, p.pp, p.dp, p.tp * p.cp * p.pp * p.dp, gpus));
-  }
+  const auto& b = w.batch;
   if (w.model.heads % p.tp != 0) {
     fail("parallel.tp",
          fmt::format("model heads ({}) must be divisible by tp ({})", w.model.heads, p.tp));
@@ -195,12 +364,11 @@ void validate_workload(const Workload& w) {
   for (int l : p.stage_layers) {
     if (l <= 0) fail("parallel.stage_layers", fmt::format("entries must be positive, got {}", l));
   }
-  const int sum = std::accumulate(p.stage_layers.begin(), p.stage_layers.end(), 0);
+  const long long sum = std::accumulate(p.stage_layers.begin(), p.stage_layers.end(), 0LL);
   if (sum != w.model.layers) {
     fail("parallel.stage_layers",
          fmt::format("entries sum to {} but the model has {} layers", sum, w.model.layers));
   }
-  const auto& b = w.batch;
   if (b.nano_batches != 1 && b.nano_batches != 2) {
     fail("batch.nano_batches", fmt::format("allowed values: 1, 2; got {}", b.nano_batches));
   }
@@ -230,7 +398,7 @@ Workload parse_workload(const std::string& yaml_text, const std::string& source)
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
-  } catch (const YAML::ParserException& e) {
+  } catch (const YAML::Exception& e) {
     throw InvalidInput(fmt::format("{}: YAML syntax error at line {}, column {}: {}", source,
                                    e.mark.line + 1, e.mark.column + 1, e.msg));
   }
@@ -253,58 +421,10 @@ Workload parse_workload(const std::string& yaml_text, const std::string& source)
   } catch (const InvalidInput& e) {
     top.fail("gpu", e.what());
   }
-
-  Section c = top.child("cluster");
-  c.check_keys({"nodes", "gpus_per_node"});
-  w.cluster.nodes = c.positive_int("nodes");
-  w.cluster.gpus_per_node = c.positive_int("gpus_per_node");
-
-  Section p = top.child("parallel");
-  p.check_keys({"tp", "cp", "pp", "dp", "sequence_parallel", "stage_layers"});
-  w.parallel.tp = p.positive_int_or("tp", 1);
-  w.parallel.cp = p.positive_int_or("cp", 1);
-  w.parallel.pp = p.positive_int_or("pp", 1);
-  w.parallel.dp = p.positive_int_or("dp", 1);
-  w.parallel.sequence_parallel = p.boolean_or("sequence_parallel", false);
-  if (p.has("stage_layers")) {
-    const YAML::Node sl = p.get("stage_layers");
-    if (!sl.IsSequence()) p.fail("stage_layers", "expected a list of positive integers");
-    for (std::size_t i = 0; i < sl.size(); ++i) {
-      long long v = 0;
-      try {
-        if (!sl[i].IsScalar()) throw YAML::BadConversion(sl[i].Mark());
-        v = sl[i].as<long long>();
-      } catch (const YAML::Exception&) {
-        p.fail("stage_layers", fmt::format("entry {} is not an integer", i));
-      }
-      if (v <= 0) p.fail("stage_layers", fmt::format("entry {} must be positive, got {}", i, v));
-      w.parallel.stage_layers.push_back(static_cast<int>(v));
-    }
-  } else {
-    // Even split, earlier stages take the remainder (Megatron's default for uneven splits).
-    const int pp = w.parallel.pp;
-    for (int s = 0; s < pp; ++s) {
-      w.parallel.stage_layers.push_back(w.model.layers / pp + (s < w.model.layers % pp ? 1 : 0));
-    }
-  }
-
-  Section b = top.child("batch");
-  b.check_keys({"micro_batch", "seq_len", "micro_batches", "nano_batches"});
-  w.batch.micro_batch = b.positive_int("micro_batch");
-  w.batch.seq_len = b.positive_int("seq_len");
-  w.batch.micro_batches = b.positive_int("micro_batches");
-  w.batch.nano_batches = b.positive_int_or("nano_batches", 2);
-
-  if (top.has("recompute")) {
-    const std::string r = top.string("recompute");
-    if (r == "full") {
-      w.recompute = Recompute::kFull;
-    } else if (r == "none") {
-      w.recompute = Recompute::kNone;
-    } else {
-      top.fail("recompute", fmt::format("allowed values: full, none; got '{}'", r));
-    }
-  }
+  w.cluster = parse_cluster(top.child("cluster"));
+  w.parallel = parse_parallel(top.child("parallel"), w.model.layers);
+  w.batch = parse_batch(top.child("batch"));
+  if (top.has("recompute")) w.recompute = parse_recompute(top);
   validate_workload(w);
   return w;
 }

@@ -13,6 +13,7 @@
 #include <regex>
 
 #include "kareus/plan.h"
+#include "kareus/table.h"
 #include "test_util.h"
 
 namespace kareus {
@@ -69,14 +70,76 @@ TEST(Optimize, ReportMatchesJsonPlotAndPlans) {
   }
   EXPECT_GT(j.at("megatron").at("energy_j").get<double>(), 0);
   EXPECT_EQ(j.at("points").size(), j.at("kareus").size());
+  // Metrics: the JSON's numbers follow from the job shape, and the table prints them.
+  const auto& job = j.at("job");
+  const double tokens = job.at("tokens_per_iteration").get<double>();
+  const double gpus = job.at("gpus").get<double>();
+  EXPECT_DOUBLE_EQ(tokens, 8.0 * 4096 * 8);  // micro-batch 8, sequence 4096, 8 micro-batches
+  const auto& mm = j.at("megatron");
+  const double mt = mm.at("iteration_time_s").get<double>(), me = mm.at("energy_j").get<double>();
+  EXPECT_DOUBLE_EQ(mm.at("metrics").at("tokens_per_s").get<double>(), tokens / mt);
+  EXPECT_DOUBLE_EQ(mm.at("metrics").at("tokens_per_s_per_gpu").get<double>(), tokens / mt / gpus);
+  EXPECT_DOUBLE_EQ(mm.at("metrics").at("energy_per_token_j").get<double>(), me / tokens);
+  EXPECT_DOUBLE_EQ(mm.at("metrics").at("avg_power_per_gpu_w").get<double>(), me / mt / gpus);
+  EXPECT_DOUBLE_EQ(mm.at("metrics").at("mfu").get<double>(),
+                   job.at("model_flops_per_iteration").get<double>() /
+                       (mt * gpus * job.at("peak_flops_per_gpu").get<double>()));
+  for (const char* plan : {"max-throughput", "min-energy", "iso-time", "iso-energy"}) {
+    EXPECT_GT(j.at("plan_metrics").at(plan).at("mfu").get<double>(), 0.05) << plan;
+  }
+  EXPECT_NE(report.find("MFU: model FLOPs per iteration, " +
+                        human_flops(job.at("model_flops_per_iteration").get<double>())),
+            std::string::npos);
+  EXPECT_NE(r.out.find(fmt::format("{:.1f}%", 100 * mm.at("metrics").at("mfu").get<double>())),
+            std::string::npos)
+      << r.out;
+  // The profiling cost is one estimate, with its assumptions, in the report and the output.
+  const auto& cost = j.at("profiling").at("cost_estimate");
+  EXPECT_TRUE(cost.at("estimate").get<bool>());
+  EXPECT_EQ(cost.at("points").get<int>(), j.at("profiling").at("points").get<int>());
+  const std::string cost_text = fmt::format("{:.1f} GPU-hours", cost.at("gpu_hours").get<double>());
+  EXPECT_NE(report.find(cost_text), std::string::npos);
+  EXPECT_NE(r.out.find(cost_text), std::string::npos);
+  EXPECT_NE(r.out.find("estimate: "), std::string::npos);
+  // A timeline per written plan, linked from the report, drawn from the plan's times.
+  for (const char* plan : {"max-throughput", "min-energy", "iso-time", "iso-energy"}) {
+    const std::string rel = std::string("timelines/") + plan + ".timeline.png";
+    EXPECT_EQ(test::read_file(out + "/" + rel).substr(1, 3), "PNG") << rel;
+    EXPECT_NE(report.find("(" + rel + ")"), std::string::npos) << rel;
+    const auto data =
+        nlohmann::json::parse(test::read_file(out + "/timelines/" + plan + ".timeline.data.json"));
+    const Plan p = load_plan(out + "/plans/" + plan + ".json");
+    ASSERT_EQ(data.at("panels").size(), 2u);  // the plan and Megatron-LM's
+    EXPECT_EQ(data.at("panels")[1].at("method"), "megatron");
+    const auto& rows = data.at("panels")[0].at("stages");
+    ASSERT_EQ(rows.size(), p.stages.size());
+    for (std::size_t s = 0; s < rows.size(); ++s) {
+      const auto& ins = rows[s].at("instructions");
+      ASSERT_EQ(ins.size(), p.stages[s].instructions.size());
+      EXPECT_DOUBLE_EQ(ins.back().at("end_s").get<double>(), p.stages[s].instructions.back().end_s);
+      EXPECT_DOUBLE_EQ(ins.front().at("start_s").get<double>(),
+                       p.stages[s].instructions.front().start_s);
+    }
+  }
+  // The written plans are marked on the frontier plot.
+  const auto plot_data = nlohmann::json::parse(test::read_file(out + "/frontier_plot_data.json"));
+  int plans_marked = 0;
+  for (const auto& m : plot_data.at("marked")) plans_marked += m.at("kind") == "plan";
+  EXPECT_EQ(plans_marked, 4);
   // Plans replay to their predictions through the CLI.
   for (const char* plan : {"max-throughput", "min-energy", "iso-time", "iso-energy"}) {
     const std::string path = out + "/plans/" + plan + ".json";
     const Plan p = load_plan(path);
     // Format v2, valid against the workload, and `kareus plan show` summarizes it.
     EXPECT_EQ(nlohmann::json::parse(test::read_file(path)).at("version").get<int>(), 2) << plan;
-    const auto show = test::run_cli("plan show " + path + " --workload " + wl);
+    const std::string png = out + "/" + plan + ".show.png";
+    const auto show = test::run_cli("plan show " + path + " --workload " + wl + " --png " + png);
     EXPECT_EQ(show.exit_code, 0) << plan << ": " << show.err;
+    EXPECT_EQ(test::read_file(png).substr(1, 3), "PNG") << plan;
+    EXPECT_NE(show.out.find(fmt::format(
+                  "MFU {:.1f}%", 100 * j.at("plan_metrics").at(plan).at("mfu").get<double>())),
+              std::string::npos)
+        << show.out;
     EXPECT_NE(show.out.find("clock changes: " + std::to_string(p.stages[0].clock_changes)),
               std::string::npos)
         << show.out;
@@ -90,8 +153,8 @@ TEST(Optimize, ReportMatchesJsonPlotAndPlans) {
 
 TEST(Eval, PaperSuite) {
   test::TempDir tmp;
-  const auto r = test::run_cli("eval --suite paper --jobs 2 --quiet --json " + tmp.file("e.json") +
-                               " --report " + tmp.file("e.md"));
+  const auto r = test::run_cli("eval --suite paper --jobs 2 --quiet --json --out " +
+                               tmp.file("e.json") + " --report " + tmp.file("e.md"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = nlohmann::json::parse(test::read_file(tmp.file("e.json")));
   ASSERT_EQ(j.size(), 14u);

@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <string>
 
 #include "kareus/emulator.h"
+#include "kareus/error.h"
 #include "kareus/pareto.h"
 
 namespace kareus {
@@ -29,7 +31,7 @@ IterationDag random_dag(int stages, int mbs, int max_options, std::mt19937_64& r
     for (const auto& [k, mb] : one_f_one_b_order(s, stages, mbs)) {
       DagNode n;
       n.stage = s;
-      n.instruction = to_string(k);
+      n.instruction = dag_node_kind(k);
       n.microbatch = mb;
       double t = base(rng), e = 10 + 40 * base(rng) / 0.2;
       const int k_opts = nopt(rng);
@@ -48,7 +50,7 @@ IterationDag random_dag(int stages, int mbs, int max_options, std::mt19937_64& r
   for (int mb = 0; mb < mbs; ++mb) {
     for (int s = 0; s + 1 < stages; ++s) {
       DagNode msg;
-      msg.instruction = "p2p";
+      msg.instruction = DagNodeKind::kP2p;
       msg.options = {{0.004, 0.1}};
       const int a = add(msg), b = add(msg);
       dag.edges.push_back({id.at({s, 0, mb}), a});
@@ -58,6 +60,12 @@ IterationDag random_dag(int stages, int mbs, int max_options, std::mt19937_64& r
     }
   }
   return dag;
+}
+
+FrontierOptions with_unit(double unit_s) {
+  FrontierOptions o;
+  o.unit_s = unit_s;
+  return o;
 }
 
 struct Combo {
@@ -88,7 +96,7 @@ void check_against_brute_force(int stages, int mbs, int max_options, int trials,
   for (int trial = 0; trial < trials; ++trial) {
     const IterationDag dag = random_dag(stages, mbs, max_options, rng);
     const auto all = brute_force(dag);
-    const auto front = solve_frontier(dag, {1e-3});
+    const auto front = solve_frontier(dag, with_unit(1e-3));
     ASSERT_FALSE(front.empty());
     // Reported numbers are the real options' numbers.
     for (const auto& p : front) {
@@ -136,10 +144,10 @@ TEST(Frontier, SingleChainIsExact) {
   IterationDag dag;
   dag.static_power_w = 0;
   dag.gpus = 1;
-  dag.nodes = {{0, 0, "forward", 0, {{0.010, 5}, {0.012, 3}, {0.015, 2}}},
-               {1, 0, "backward", 0, {{0.020, 9}, {0.025, 4}}}};
+  dag.nodes = {{0, 0, DagNodeKind::kForward, 0, {{0.010, 5}, {0.012, 3}, {0.015, 2}}},
+               {1, 0, DagNodeKind::kBackward, 0, {{0.020, 9}, {0.025, 4}}}};
   dag.edges = {{0, 1}};
-  const auto f = solve_frontier(dag, {1e-3});
+  const auto f = solve_frontier(dag, with_unit(1e-3));
   // Sums: (30,14) (35,9) (32,12) (37,7) (35,11) (40,6); Pareto: 30/14, 32/12, 35/9, 37/7, 40/6.
   ASSERT_EQ(f.size(), 5u);
   const double t[] = {0.030, 0.032, 0.035, 0.037, 0.040}, e[] = {14, 12, 9, 7, 6};
@@ -152,7 +160,7 @@ TEST(Frontier, SingleChainIsExact) {
 TEST(Frontier, StaticPowerMovesTheMinimumEnergyPoint) {
   IterationDag dag;
   dag.gpus = 1;
-  dag.nodes = {{0, 0, "forward", 0, {{0.010, 5}, {0.020, 4}}}};
+  dag.nodes = {{0, 0, DagNodeKind::kForward, 0, {{0.010, 5}, {0.020, 4}}}};
   dag.static_power_w = 50;  // 10 ms more cost 0.5 J static, save 1 J dynamic
   auto f = solve_frontier(dag);
   ASSERT_EQ(f.size(), 2u);
@@ -161,6 +169,82 @@ TEST(Frontier, StaticPowerMovesTheMinimumEnergyPoint) {
   f = solve_frontier(dag);
   ASSERT_EQ(f.size(), 1u);
   EXPECT_NEAR(f[0].time_s, 0.010, 1e-12);
+}
+
+// The warm-started solver (each maximum flow starts from the previous iteration's, an unchanged
+// critical network reuses its cut) against every cut computed from scratch. The cut is the set
+// of vertices the source reaches in the residual network of a maximum flow, which is the same
+// for every maximum flow, so the frontiers must be identical, choices included.
+TEST(Frontier, WarmStartGivesTheFromScratchFrontier) {
+  std::mt19937_64 rng(21);
+  const int shapes[][3] = {{2, 4, 6}, {3, 6, 8}, {4, 8, 5}, {4, 12, 10}, {6, 10, 4}};
+  int compared = 0;
+  for (const auto& [stages, mbs, opts] : shapes) {
+    for (double unit_s : {1e-3, 4e-3}) {
+      const IterationDag dag = random_dag(stages, mbs, opts, rng);
+      FrontierOptions warm, cold;
+      warm.unit_s = cold.unit_s = unit_s;
+      cold.warm_start = false;
+      FrontierStats ws, cs;
+      const auto a = solve_frontier(dag, warm, &ws);
+      const auto b = solve_frontier(dag, cold, &cs);
+      EXPECT_EQ(ws.iterations, cs.iterations);
+      EXPECT_GT(ws.iterations, 10);  // enough cuts for warm starts to matter
+      ASSERT_EQ(a.size(), b.size()) << stages << "x" << mbs << " unit " << unit_s;
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        EXPECT_EQ(a[i].time_s, b[i].time_s);
+        EXPECT_EQ(a[i].energy_j, b[i].energy_j);
+        EXPECT_EQ(a[i].choice, b[i].choice);
+        if (i > 0) {  // a Pareto set, fastest first
+          EXPECT_GT(a[i].time_s, a[i - 1].time_s);
+          EXPECT_LT(a[i].energy_j, a[i - 1].energy_j);
+        }
+      }
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 10);
+}
+
+// A unit too fine for the makespan range is refused before any cut, naming --unit, the
+// iteration count it would need and the limit.
+TEST(Frontier, UnitTooFineForTheIterationLimitIsInvalidInput) {
+  IterationDag dag;
+  dag.gpus = 1;
+  dag.nodes = {{0, 0, DagNodeKind::kForward, 0, {{0.010, 5}, {1.010, 1}}}};
+  // 1.010 s / 1e-7 s - 0.010 s / 1e-7 s + 1 = 10,000,001 iterations at most.
+  try {
+    solve_frontier(dag, with_unit(1e-7));
+    FAIL() << "no InvalidInput";
+  } catch (const InvalidInput& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("--unit"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("10000001"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("200000"), std::string::npos) << msg;
+  }
+  // 1 ms: 1001 iterations at most, well within the limit; the frontier has both options.
+  EXPECT_EQ(solve_frontier(dag, with_unit(1e-3)).size(), 2u);
+  EXPECT_THROW(solve_frontier(dag, with_unit(0.0)), InvalidInput);
+  EXPECT_THROW(solve_frontier(dag, with_unit(std::nan(""))), InvalidInput);
+}
+
+TEST(Frontier, ProgressCountsUnitsUpToTheBound) {
+  std::mt19937_64 rng(5);
+  const IterationDag dag = random_dag(3, 6, 6, rng);
+  std::vector<std::pair<std::size_t, std::size_t>> calls;
+  FrontierOptions o;
+  o.progress = [&](std::size_t done, std::size_t total) { calls.push_back({done, total}); };
+  FrontierStats st;
+  solve_frontier(dag, o, &st);
+  ASSERT_GE(calls.size(), 2u);
+  const std::size_t total = calls.front().second;
+  EXPECT_EQ(calls.front().first, 0u);
+  EXPECT_EQ(calls.back(), std::make_pair(total, total));
+  EXPECT_GE(total + 1, static_cast<std::size_t>(st.iterations));  // the bound holds
+  for (std::size_t i = 1; i < calls.size(); ++i) {
+    EXPECT_GE(calls[i].first, calls[i - 1].first);
+    EXPECT_EQ(calls[i].second, total);
+  }
 }
 
 }  // namespace

@@ -56,5 +56,20 @@ TEST(Catalogue, UnknownNameListsKnownOnes) {
   }
 }
 
+// One wording of the clock rule for every caller (search space, thermal target, plans, flags).
+TEST(Catalogue, RequireFreqNamesTheValueAndTheRule) {
+  const auto& g = gpu_by_name("a100-sxm4-40gb");
+  EXPECT_NO_THROW(g.require_freq(1395, "--freq 1395"));
+  try {
+    g.require_freq(1400, "--freq 1400");
+    ADD_FAILURE() << "accepted";
+  } catch (const InvalidInput& e) {
+    EXPECT_STREQ(e.what(), "--freq 1400: a100-sxm4-40gb supports 210..1410 MHz in 15 MHz steps");
+  }
+  // Untuned work (P2P messages, reductions) runs at the top clock with NCCL's default CTAs.
+  EXPECT_EQ(g.p2p_reduction_freq_mhz(), 1410);
+  EXPECT_EQ(g.segment_collective_sms(), 24);
+}
+
 }  // namespace
 }  // namespace kareus

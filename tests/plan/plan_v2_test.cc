@@ -20,14 +20,6 @@ namespace {
 
 constexpr const char* kQwen = "qwen3-1.7b_tp8_mbs8_seq4096";
 
-ProfilerOptions emulator_options(const Workload& w) {
-  ProfilerOptions o;
-  o.gpu = w.gpu_name;
-  o.noise = 0.01;
-  o.seed = 1;
-  return o;
-}
-
 // One planner (and frontier) per test binary: planning is the slow part.
 struct Planned {
   Workload w;
@@ -37,7 +29,7 @@ struct Planned {
   MethodFrontier f;
   explicit Planned(PlannerOptions o = {})
       : w(load_workload(test::paper_workload(kQwen))),
-        prof(emulator_options(w)),
+        prof(test::emulator_options(w.gpu_name)),
         cp(prof, nullptr),
         planner(w, cp, o),
         f(planner.frontier(Method::kKareus)) {}
@@ -491,7 +483,7 @@ TEST(ClockSwitch, MinClockHoldOptionAndCli) {
   test::TempDir tmp;
   const std::string wl = test::paper_workload(kQwen);
   const auto r =
-      test::run_cli("plan " + wl + " --min-energy --quiet --min-clock-hold-ms 1e9 --out " +
+      test::run_cli("plan " + wl + " --min-energy --quiet --min-clock-hold-ms 1e6 --out " +
                     tmp.file("h.json") + " --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(nlohmann::json::parse(r.out).at("clock_changes").get<int>(), 0);

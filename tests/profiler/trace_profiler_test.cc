@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <sstream>
+
 #include "kareus/error.h"
 #include "kareus/profiler.h"
+#include "profiler/builtin.h"
 #include "test_util.h"
 
 namespace kareus {
@@ -59,6 +62,31 @@ TEST(TraceProfiler, BadFilesAreClearErrors) {
                                                     "fwd_attn,x,24,norm,0.1,1\n"))),
                InvalidInput);
   EXPECT_THROW(create_profiler("trace", trace_options("a100-sxm4-40gb", "")), InvalidInput);
+}
+
+// Fields are read whole: a number with trailing text, an infinite time or an extra column was
+// once taken as its prefix or ignored; each is now an error naming the line.
+TEST(TraceProfiler, FieldsAreReadWholeAndFinite) {
+  const std::string header = "partition,freq_mhz,sms,slot,time_s,energy_j\n";
+  for (const char* row : {"fwd_attn,1410x,24,norm,0.1,1", "fwd_attn,1410,24,norm,0.1s,1",
+                          "fwd_attn,1410,24,norm,inf,1", "fwd_attn,1410,24,norm,0.1,nan",
+                          "fwd_attn,1410,24,norm,0.1,1,extra", "fwd_attn,1410,24,norm,0.1,",
+                          "fwd_attn,99999999999,24,norm,0.1,1", "fwd_attn,0,24,norm,0.1,1",
+                          "fwd_attn,1410,-1,norm,0.1,1", "fwd_attn, 1410,24,norm,0.1,1"}) {
+    std::istringstream in(header + row + "\n");
+    try {
+      parse_trace_csv(in, "t.csv");
+      ADD_FAILURE() << "accepted: " << row;
+    } catch (const InvalidInput& e) {
+      EXPECT_NE(std::string(e.what()).find("t.csv:2:"), std::string::npos) << e.what();
+    }
+  }
+  std::istringstream good(header + "fwd_attn,1410,24,norm,2.5e-3,0\r\n");
+  const TraceTable t = parse_trace_csv(good, "t.csv");
+  ASSERT_EQ(t.points.size(), 1u);
+  const auto& [time_s, energy_j] = t.points.at({"fwd_attn", 1410, 24, "norm"});
+  EXPECT_DOUBLE_EQ(time_s, 0.0025);
+  EXPECT_DOUBLE_EQ(energy_j, 0.0);
 }
 
 }  // namespace

@@ -16,14 +16,6 @@ namespace kareus {
 namespace {
 
 // Emulator options by field (ProfilerOptions grows; aggregate initialisation would not).
-ProfilerOptions emulator_options(const std::string& gpu, double noise, std::uint64_t seed) {
-  ProfilerOptions o;
-  o.gpu = gpu;
-  o.noise = noise;
-  o.seed = seed;
-  return o;
-}
-
 std::vector<std::vector<std::string>> csv_rows(const std::string& text) {
   std::vector<std::vector<std::string>> rows;
   std::stringstream in(text);
@@ -80,7 +72,7 @@ TEST(AskTell, StrategiesMeasureInBatches) {
   const Workload w = load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096"));
   const PartitionSet ps = partition_workload(w);
   const Partition& p = ps.partition("bwd_mlp");
-  EmulatorProfiler emu(emulator_options(w.gpu_name, 0.01, 3));
+  EmulatorProfiler emu(test::emulator_options(w.gpu_name, 0.01, 3));
   CachedProfiler cp(emu, nullptr);
   const auto space = make_search_space(p, w.gpu());
   SearchOptions o;

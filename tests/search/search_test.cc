@@ -13,18 +13,10 @@ namespace kareus {
 namespace {
 
 // Emulator options by field (ProfilerOptions grows; aggregate initialisation would not).
-ProfilerOptions emulator_options(const std::string& gpu, double noise, std::uint64_t seed) {
-  ProfilerOptions o;
-  o.gpu = gpu;
-  o.noise = noise;
-  o.seed = seed;
-  return o;
-}
-
 struct Fixture {
   Workload w = load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096"));
   PartitionSet ps = partition_workload(w);
-  EmulatorProfiler prof{emulator_options(w.gpu_name, 0.01, 1)};
+  EmulatorProfiler prof{test::emulator_options(w.gpu_name, 0.01, 1)};
   CachedProfiler cp{prof, nullptr};
 };
 
@@ -200,6 +192,35 @@ TEST(Search, InvalidStrategyListsValidOnes) {
   EXPECT_EQ(r.exit_code, 2);
   for (const char* n : {"mbo", "random", "exhaustive"}) {
     EXPECT_NE(r.err.find(n), std::string::npos) << r.err;
+  }
+}
+
+// The strategies form a name registry like the profiling backends: a registered strategy is
+// listed, created by name and named in the unknown-name error.
+TEST(Search, RegistryCreatesRegisteredStrategies) {
+  EXPECT_EQ(search_strategy_names(), (std::vector<std::string>{"exhaustive", "mbo", "random"}));
+  class FirstPoint : public SearchStrategy {
+   public:
+    std::string name() const override { return "first-point"; }
+    SearchResult run(const Partition&, const SearchSpace&, CachedProfiler&, const SearchOptions&,
+                     const SearchProgress&) override {
+      SearchResult r;
+      r.strategy = name();
+      return r;
+    }
+  };
+  EXPECT_TRUE(register_search_strategy("zz-first-point", [] {
+    return std::unique_ptr<SearchStrategy>(std::make_unique<FirstPoint>());
+  }));
+  EXPECT_EQ(create_search_strategy("zz-first-point")->name(), "first-point");
+  EXPECT_EQ(search_strategy_names().back(), "zz-first-point");
+  try {
+    create_search_strategy("bayes");
+    ADD_FAILURE() << "accepted";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("exhaustive, mbo, random, zz-first-point"),
+              std::string::npos)
+        << e.what();
   }
 }
 

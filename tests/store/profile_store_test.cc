@@ -20,14 +20,6 @@ namespace kareus {
 namespace {
 
 // Emulator options by field (ProfilerOptions grows; aggregate initialisation would not).
-ProfilerOptions emulator_options(const std::string& gpu, double noise, std::uint64_t seed) {
-  ProfilerOptions o;
-  o.gpu = gpu;
-  o.noise = noise;
-  o.seed = seed;
-  return o;
-}
-
 StoreKey key(int f) { return {"a100-sxm4-40gb", "emulator:x", "sig", "fwd_attn", f, 3, "norm"}; }
 
 TEST(ProfileStore, PutFindRoundTripAndReopen) {
@@ -99,7 +91,7 @@ TEST(CachedProfiler, MeasuresOnlyMissingPoints) {
   const auto w = load_workload(test::paper_workload("qwen3-1.7b_tp8_mbs8_seq4096"));
   const auto ps = partition_workload(w);
   const auto& p = ps.partition("bwd_mlp");
-  EmulatorProfiler prof(emulator_options(w.gpu_name, 0.01, 3));
+  EmulatorProfiler prof(test::emulator_options(w.gpu_name, 0.01, 3));
   ProfileStore store(tmp.file("s.db"));
   CachedProfiler a(prof, &store);
   const auto first = a.measure(p, {1200, 6, "linear"});

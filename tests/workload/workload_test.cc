@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 
 #include "kareus/error.h"
@@ -167,6 +168,104 @@ TEST(WorkloadErrors, MessagesSayWhatIsAllowed) {
         }
       },
       InvalidInput);
+}
+
+// ---- Size limits: an absurd size stops at load time, naming the key, the limit and why.
+
+std::string limit_message(const std::string& yaml) {
+  try {
+    parse_workload(yaml, "big.yaml");
+  } catch (const InvalidInput& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+TEST(WorkloadLimits, EachSizeAboveItsLimitNamesKeyAndLimit) {
+  const std::string g = kGood;
+  const std::string custom =
+      "model: {layers: 28, hidden: 3072, ffn_hidden: 8192, heads: 24, kv_heads: 8, head_dim: "
+      "128, vocab: 128256}";
+  struct Case {
+    std::string yaml;
+    const char* key;
+    const char* limit;
+  };
+  const std::vector<Case> cases = {
+      {replace(g, "micro_batches: 8", "micro_batches: 4097"), "batch.micro_batches", "4096"},
+      {replace(g, "micro_batch: 8,", "micro_batch: 5000,"), "batch.micro_batch", "4096"},
+      {replace(g, "seq_len: 4096", "seq_len: 8388608"), "batch.seq_len", "4194304"},
+      {replace(g, "nodes: 2", "nodes: 20000"), "cluster.nodes", "16384"},
+      {replace(g, "gpus_per_node: 8", "gpus_per_node: 2048"), "cluster.gpus_per_node", "1024"},
+      {replace(g, "dp: 1", "dp: 200000"), "parallel.dp", "131072"},
+      {replace(g, "cp: 1", "cp: 2048"), "parallel.cp", "1024"},
+      {replace(g, "model: llama3.2-3b", replace(custom, "layers: 28", "layers: 2000")),
+       "model.layers", "1024"},
+      {replace(g, "model: llama3.2-3b", replace(custom, "vocab: 128256", "vocab: 10000000")),
+       "model.vocab", "4194304"},
+      {replace(g, "model: llama3.2-3b", replace(custom, "head_dim: 128", "head_dim: 4096")),
+       "model.head_dim", "1024"},
+      // Within each size's limit, but the product is not: 16384 nodes * 1024 GPUs.
+      {replace(replace(g, "nodes: 2", "nodes: 16384"), "gpus_per_node: 8", "gpus_per_node: 1024"),
+       "'cluster'", "131072"},
+      // 4096 sequences of 4096 tokens = 16777216 tokens is the limit; 8192 is twice that.
+      {replace(replace(g, "micro_batch: 8,", "micro_batch: 4096,"), "seq_len: 4096",
+               "seq_len: 8192"),
+       "'batch'", "16777216"},
+      {replace(g, "[15, 13]", "[15, 2000000000]"), "parallel.stage_layers", "model.layers (28)"},
+  };
+  for (const auto& c : cases) {
+    const std::string msg = limit_message(c.yaml);
+    EXPECT_NE(msg.find("big.yaml"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(c.key), std::string::npos) << c.key << ": " << msg;
+    EXPECT_NE(msg.find(c.limit), std::string::npos) << c.key << ": " << msg;
+  }
+}
+
+TEST(WorkloadLimits, LimitsAreInclusiveAndSayWhy) {
+  const std::string g = kGood;
+  // 4096 micro-batches is allowed; the message for 4097 gives the reason.
+  EXPECT_EQ(parse_workload(replace(g, "micro_batches: 8", "micro_batches: 4096"), "ok.yaml")
+                .batch.micro_batches,
+            4096);
+  const std::string msg = limit_message(replace(g, "micro_batches: 8", "micro_batches: 4097"));
+  EXPECT_NE(msg.find("4097 is above the limit of 4096"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("published global batch"), std::string::npos) << msg;
+}
+
+TEST(WorkloadLimits, BillionMicroBatchesExitTwoAtOnce) {
+  test::TempDir tmp;
+  const std::string path =
+      tmp.write("huge.yaml", replace(kGood, "micro_batches: 8", "micro_batches: 1000000000"));
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = test::run_cli("emulate " + path);
+  const double wall_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find(path), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("batch.micro_batches"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("limit of 4096"), std::string::npos) << r.err;
+  EXPECT_LT(wall_s, 10.0);
+}
+
+TEST(WorkloadLimits, CodeBuiltWorkloadsAreCheckedBeforeArithmetic) {
+  Workload w = parse_workload(kGood, "good.yaml");
+  // Zero and huge values would divide by zero or overflow int in the checks that follow.
+  Workload zero_tp = w;
+  zero_tp.parallel.tp = 0;
+  EXPECT_THROW(validate_workload(zero_tp), InvalidInput);
+  Workload zero_kv = w;
+  zero_kv.model.kv_heads = 0;
+  EXPECT_THROW(validate_workload(zero_kv), InvalidInput);
+  Workload huge = w;
+  huge.parallel.dp = 1 << 30;
+  huge.parallel.pp = 1 << 30;
+  try {
+    validate_workload(huge);
+    ADD_FAILURE() << "accepted";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.pp"), std::string::npos) << e.what();
+  }
 }
 
 TEST(WorkloadErrors, MissingFileExitsTwo) {

@@ -1,31 +1,58 @@
-// `kareus calibrate FILE --csv CALIBRATION.csv [--slow-freq MHZ] [--json]`: fits the emulator's
+// `kareus calibrate [CSV] [--workload FILE] [--slow-freq MHZ] [--json]`: fits the emulator's
 // fitted parameters to measured whole-iteration figures and prints them with the residuals.
+// Without arguments it refits the shipped calibration (data/calibration/), reproducing the
+// committed defaults.
 #include <fmt/format.h>
 
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "kareus/calibrate.h"
 #include "kareus/table.h"
 
 namespace kareus::cli {
+namespace {
+
+/// The measurements shipped with Kareus and the workload they belong to (docs/emulator.md).
+constexpr const char* kDefaultCsv =
+    "data/calibration/a100-sxm4-40gb_llama3.2-3b_tp8_pp2_mbs8_seq4096.csv";
+constexpr const char* kDefaultWorkload = "workloads/paper/llama3.2-3b_tp8_mbs8_seq4096.yaml";
+
+/// A default path names shipped data: found from the current directory or the source tree.
+std::string shipped_default(const std::string& value, const char* default_value) {
+  return value == default_value ? shipped_path(value) : value;
+}
+
+}  // namespace
 
 void register_calibrate(CLI::App& app, Action& action) {
   auto* cmd = app.add_subcommand(
       "calibrate", "Fit the emulator to measured iteration time and energy (one workload)");
-  static std::string file, csv;
-  static int slow_freq = 1020;
-  static bool json = false;
-  cmd->add_option("FILE", file, "workload the measurements belong to")->required();
-  cmd->add_option("--csv", csv, "calibration CSV (method,iter_time_s,energy_j)")->required();
-  cmd->add_option("--slow-freq", slow_freq, "clock assigned to the slowest perseus row (MHz)")
+  // Owned by the subcommand's callback.
+  struct Args {
+    std::string csv = kDefaultCsv, workload = kDefaultWorkload;
+    int slow_freq = 1020;
+    bool json = false;
+  };
+  auto args = std::make_shared<Args>();
+  cmd->add_option("CSV", args->csv, "calibration CSV (method,iter_time_s,energy_j)")
       ->capture_default_str();
-  cmd->add_flag("--json", json, "machine-readable output");
-  cmd->callback([&action] {
-    action = [] {
-      const Workload w = load_workload(file);
-      const auto targets = read_calibration_targets(csv, w.gpu().max_freq_mhz, slow_freq);
+  cmd->add_option("--workload", args->workload, "workload the measurements belong to")
+      ->capture_default_str();
+  cmd->add_option("--slow-freq", args->slow_freq, "clock assigned to the slowest perseus row (MHz)")
+      ->capture_default_str()
+      ->check(integer_in(1, 100000, "MHz"));
+  cmd->add_flag("--json", args->json, "machine-readable output");
+  cmd->callback([&action, args] {
+    action = [args] {
+      const bool json = args->json;
+      const std::string csv = shipped_default(args->csv, kDefaultCsv);
+      check_input_file("CSV", csv);
+      const Workload w = load_workload(shipped_default(args->workload, kDefaultWorkload));
+      const auto targets = read_calibration_targets(csv, w.gpu().max_freq_mhz, args->slow_freq);
       const CalibrationResult r = calibrate(w, targets, calibration_prior());
       EmulatorParams p = r.params;
       auto fields = p.fields();

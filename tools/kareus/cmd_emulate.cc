@@ -5,6 +5,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "kareus/emulator.h"
 #include "kareus/error.h"
@@ -63,24 +64,35 @@ int check_freq(const GpuSpec& g, int freq_mhz, const char* flag) {
 void register_emulate(CLI::App& app, Action& action) {
   auto* cmd = app.add_subcommand("emulate",
                                  "Emulate a whole training iteration under a reference schedule");
-  static std::string file, schedule = "megatron", plan_file;
-  static int freq = 0;
-  static double switch_ms = -1;
-  static bool json = false;
-  cmd->add_option("FILE", file, "workload YAML file")->required();
-  cmd->add_option("--schedule", schedule, "megatron (sequential kernels) or nanobatch")
-      ->capture_default_str();
-  cmd->add_option("--freq", freq, "uniform SM clock in MHz (default: the GPU's maximum)");
-  cmd->add_option("--plan", plan_file,
+  // Owned by the subcommand's callback.
+  struct Args {
+    std::string file, schedule = "megatron", plan_file;
+    int freq = 0;
+    double switch_ms = -1;
+    bool json = false;
+  };
+  auto args = std::make_shared<Args>();
+  cmd->add_option("FILE", args->file, "workload YAML file")->required();
+  cmd->add_option("--schedule", args->schedule, "megatron (sequential kernels) or nanobatch")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"megatron", "nanobatch"}));
+  cmd->add_option("--freq", args->freq, "uniform SM clock in MHz (default: the GPU's maximum)")
+      ->check(integer_in(1, 100000, "MHz"));
+  cmd->add_option("--plan", args->plan_file,
                   "replay a plan (per-instruction clocks and partition settings) instead");
-  cmd->add_option("--clock-switch-ms", switch_ms,
+  cmd->add_option("--clock-switch-ms", args->switch_ms,
                   "stall per SM-clock change between instructions (default: the GPU's catalogue "
                   "value)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_flag("--json", json, "machine-readable output");
-  cmd->callback([&action] {
-    action = [] {
-      const Workload w = load_workload(file);
+      ->check(finite_in(0, false, 1e4, "milliseconds"));
+  cmd->add_flag("--json", args->json, "machine-readable output");
+  cmd->callback([&action, args] {
+    action = [args] {
+      const std::string& schedule = args->schedule;
+      const std::string& plan_file = args->plan_file;
+      const int freq = args->freq;
+      const double switch_ms = args->switch_ms;
+      if (!plan_file.empty()) check_input_file("--plan", plan_file);
+      const Workload w = load_workload(args->file);
       const EmulatorModel m(w.gpu());
       IterationResult r;
       if (!plan_file.empty()) {
@@ -94,7 +106,7 @@ void register_emulate(CLI::App& app, Action& action) {
         const int f = freq == 0 ? w.gpu().max_freq_mhz : check_freq(w.gpu(), freq, "--freq");
         r = emulate_schedule(w, m, schedule, f);
       }
-      std::cout << (json ? iteration_json(r).dump(2) + "\n" : iteration_text(r));
+      std::cout << (args->json ? iteration_json(r).dump(2) + "\n" : iteration_text(r));
       return 0;
     };
   });

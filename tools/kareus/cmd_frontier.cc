@@ -1,36 +1,177 @@
-// `kareus frontier FILE ... --json`: the iteration time-energy frontier with a plan per point.
+// `kareus frontier FILE [--json | --all]`: the iteration time-energy frontier, summarised in 10
+//  rows, every point, or every point with its plan.
 // `kareus plan FILE (--deadline S | --energy-budget J | --max-throughput | --min-energy)
 //  --out PLAN.json`: the plan that meets a goal.
-// `kareus plan show PLAN [--workload FILE] [--json]`: a plan's summary (validated against the
-//  workload when one is given).
+// `kareus plan show PLAN [--workload FILE] [--json] [--png FILE]`: a plan's summary and metrics
+//  (validated against the workload when one is given), optionally its timeline picture.
 #include <fmt/format.h>
 
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "kareus/error.h"
+#include "kareus/frontier_file.h"
+#include "kareus/metrics.h"
 #include "kareus/table.h"
+#include "kareus/timeline.h"
 #include "planner_flags.h"
 
 namespace kareus::cli {
+namespace {
+
+/// The flags of `kareus frontier`, owned by the subcommand's callback.
+struct FrontierArgs {
+  std::string file, dump_dag, method = "kareus";
+  bool json = false, all = false;
+  PlannerFlags flags;
+};
+
+/// The flags of `kareus plan` and `kareus plan show`.
+struct PlanArgs {
+  std::string file, out, method = "kareus", from;
+  double deadline = 0, budget_j = 0;
+  bool max_tp = false, min_e = false, json = false;
+  PlannerFlags flags;
+};
+struct PlanShowArgs {
+  std::string file, workload, png;
+  bool json = false;
+};
+
+/// `plan show`'s metrics (metrics.h): all of them with the workload (tokens and model FLOPs
+/// come from it), only the average power per GPU without.
+nlohmann::json plan_show_metrics(const Plan& p, const Workload* w) {
+  if (w != nullptr)
+    return to_json(throughput_metrics(job_shape(*w), p.iteration_time_s, p.energy_j));
+  return {{"avg_power_per_gpu_w", p.energy_j / (p.iteration_time_s * p.gpus)}};
+}
+std::string plan_show_metrics_text(const Plan& p, const Workload* w) {
+  if (w != nullptr) {
+    return "metrics: " +
+           metrics_line(throughput_metrics(job_shape(*w), p.iteration_time_s, p.energy_j)) + "\n";
+  }
+  return fmt::format(
+      "metrics: {:.0f} W/GPU average; tokens/s, MFU and energy per token need --workload FILE\n",
+      p.energy_j / (p.iteration_time_s * p.gpus));
+}
+
+/// Bounds of the plan goals: a finite deadline up to about 11.6 days per iteration and an
+/// energy budget up to a petajoule per iteration; anything larger is a typo, not a goal.
+constexpr double kMaxDeadlineS = 1e6;
+constexpr double kMaxEnergyBudgetJ = 1e15;
+
+/// Rows `frontier` prints without --all.
+constexpr std::size_t kSummaryRows = 10;
+
+/// The indices of the points to print: all of them, or kSummaryRows evenly spaced ones from
+/// the fastest to the least-energy point.
+std::vector<std::size_t> shown_points(std::size_t n, bool all) {
+  std::vector<std::size_t> idx;
+  if (all || n <= kSummaryRows) {
+    for (std::size_t i = 0; i < n; ++i) idx.push_back(i);
+    return idx;
+  }
+  for (std::size_t k = 0; k < kSummaryRows; ++k) {
+    idx.push_back((k * (n - 1) + (kSummaryRows - 1) / 2) / (kSummaryRows - 1));
+  }
+  return idx;
+}
+
+/// The error for a goal no frontier point meets, with the range the frontier spans.
+[[noreturn]] void throw_infeasible(const Goal& goal, const std::vector<FrontierPoint>& points,
+                                   double deadline, double budget_j) {
+  double tmin = 1e300, tmax = 0, emin = 1e300, emax = 0;
+  for (const auto& p : points) {
+    tmin = std::min(tmin, p.time_s);
+    tmax = std::max(tmax, p.time_s);
+    emin = std::min(emin, p.energy_j);
+    emax = std::max(emax, p.energy_j);
+  }
+  throw InvalidInput(
+      goal.kind == GoalKind::kDeadline
+          ? fmt::format("--deadline {}: infeasible: the fastest plan takes {} s per "
+                        "iteration; allowed: >= {} s (the frontier spans {}..{} s)",
+                        num(deadline), num(tmin), num(tmin), num(tmin), num(tmax))
+          : fmt::format("--energy-budget {}: infeasible: the least-energy plan takes {} J "
+                        "per iteration; allowed: >= {} J (the frontier spans {}..{} J)",
+                        num(budget_j), num(emin), num(emin), num(emin), num(emax)));
+}
+
+/// The options `plan --from` takes; the others (planning, profiling) are the frontier file's.
+bool used_with_from(const std::string& name) {
+  for (const char* ok :
+       {"FILE", "--deadline", "--energy-budget", "--max-throughput", "--min-energy", "--out",
+        "--method", "--json", "--quiet", "--from", "--help"}) {
+    if (name == ok) return true;
+  }
+  return false;
+}
+
+/// `plan --from FRONTIER`: the frontier's point for the goal, materialized without profiling or
+/// solving. Planning flags are refused: the frontier was computed with its own options.
+Plan plan_from_frontier(const CLI::App& cmd, const PlanArgs& a, Method method, const Goal& goal,
+                        std::optional<Workload>& w) {
+  for (const CLI::Option* opt : cmd.get_options()) {
+    if (opt->count() > 0 && !used_with_from(opt->get_name())) {
+      throw InvalidInput(fmt::format(
+          "{}: not used with --from: {} was computed with its own options (its 'planner' "
+          "field); drop the flag, or plan without --from",
+          opt->get_name(), a.from));
+    }
+  }
+  const FrontierFile ff = load_frontier_file(a.from);
+  if (!a.file.empty()) {
+    check_frontier_workload(ff, load_workload(a.file));
+  }
+  w = ff.workload;
+  const MethodFrontier& f = ff.method(method);
+  const auto idx = select_point(f.points, goal);
+  if (!idx) throw_infeasible(goal, f.points, a.deadline, a.budget_j);
+  return ff.plan(method, *idx, goal.describe());
+}
+
+/// `plan FILE`: profiles (or reads the store), solves the method's frontier and materializes
+/// the point for the goal.
+Plan plan_from_scratch(const PlanArgs& a, Method method, const Goal& goal,
+                       std::optional<Workload>& w) {
+  w = load_workload(a.file);
+  ProfilingSession session = open_profiling(a.flags.profiling, *w);
+  PipelineProgress progress(!a.flags.quiet);
+  Planner planner(*w, *session.cached, a.flags.planner, progress.callback());
+  const MethodFrontier f = planner.frontier(method);
+  progress.finish();
+  const auto idx = select_point(f.points, goal);
+  if (!idx) throw_infeasible(goal, f.points, a.deadline, a.budget_j);
+  return planner.make_plan(f, *idx, goal.describe());
+}
+
+}  // namespace
 
 void register_frontier(CLI::App& app, Action& action) {
   auto* cmd = app.add_subcommand("frontier", "Compute the iteration time-energy frontier");
-  static std::string file, dump_dag, method = "kareus";
-  static bool json = false;
-  static PlannerFlags flags;
-  cmd->add_option("FILE", file, "workload YAML file")->required();
-  cmd->add_option("--method", method,
+  auto args = std::make_shared<FrontierArgs>();
+  cmd->add_option("FILE", args->file, "workload YAML file")->required();
+  cmd->add_option("--method", args->method,
                   "kareus, kareus_max_clock, nanobatch_perseus, nanobatch, perseus, megatron")
       ->capture_default_str();
-  cmd->add_option("--dump-dag", dump_dag, "write the solver's DAG (JSON) to this file");
-  cmd->add_flag("--json", json, "machine-readable output");
-  add_planner_flags(cmd, flags);
-  cmd->callback([&action] {
-    action = [] {
-      const Method m = method_from_string(method);
+  cmd->add_option("--dump-dag", args->dump_dag, "write the solver's DAG (JSON) to this file");
+  cmd->add_flag("--json", args->json, "machine-readable output (every point with its plan)");
+  cmd->add_flag("--all", args->all,
+                "print every point (default: 10 evenly spaced points and the count)");
+  add_planner_flags(cmd, args->flags);
+  cmd->callback([&action, args] {
+    action = [args] {
+      const std::string& file = args->file;
+      const std::string& dump_dag = args->dump_dag;
+      const bool json = args->json;
+      const PlannerFlags& flags = args->flags;
+      const Method m = method_from_string(args->method);
+      check_planner_flags(flags);
+      if (!dump_dag.empty()) check_output_file("--dump-dag", dump_dag);
       const Workload w = load_workload(file);
       ProfilingSession session = open_profiling(flags.profiling, w);
       PipelineProgress progress(!flags.quiet);
@@ -76,7 +217,7 @@ void register_frontier(CLI::App& app, Action& action) {
           f.min_clock_hold_s * 1e3);
       TextTable t({"iteration time (s)", "energy (J, whole job)", "avg power per GPU (W)",
                    "clock changes"});
-      for (std::size_t i = 0; i < f.points.size(); ++i) {
+      for (const std::size_t i : shown_points(f.points.size(), args->all)) {
         const auto& p = f.points[i];
         const ClockSchedule sch = schedule_with_switches(f, p.choice, f.clock_switch_s);
         int changes = 0;
@@ -86,6 +227,12 @@ void register_frontier(CLI::App& app, Action& action) {
                    std::to_string(changes)});
       }
       std::cout << t.render();
+      if (!args->all && f.points.size() > kSummaryRows) {
+        std::cout << fmt::format(
+            "(showing {} of {} points, evenly spaced; --all prints every point, --json every "
+            "point with its plan)\n",
+            kSummaryRows, f.points.size());
+      }
       return 0;
     };
   });
@@ -93,44 +240,73 @@ void register_frontier(CLI::App& app, Action& action) {
 
 void register_plan(CLI::App& app, Action& action) {
   auto* cmd = app.add_subcommand("plan", "Write the plan that meets a goal");
-  static std::string file, out, method = "kareus";
-  static double deadline = 0, budget_j = 0;
-  static bool max_tp = false, min_e = false, json = false;
-  static PlannerFlags flags;
+  auto args = std::make_shared<PlanArgs>();
   // Not ->required(): `kareus plan show PLAN` has no workload positional; checked below.
-  cmd->add_option("FILE", file, "workload YAML file");
+  cmd->add_option("FILE", args->file, "workload YAML file");
   auto* show = cmd->add_subcommand("show", "Summarize a plan file (clocks, SMs, slots, ranks)");
-  static std::string show_file, show_workload;
-  static bool show_json = false;
-  show->add_option("PLAN", show_file, "plan JSON file")->required();
-  show->add_option("--workload", show_workload, "validate the plan against this workload");
-  show->add_flag("--json", show_json, "machine-readable summary");
-  show->callback([&action] {
-    action = [] {
-      const Plan p = show_workload.empty() ? load_plan(show_file)
-                                           : load_plan(show_file, load_workload(show_workload));
-      std::cout << (show_json ? plan_summary_json(p).dump(2) + "\n" : plan_summary_text(p));
+  auto show_args = std::make_shared<PlanShowArgs>();
+  show->add_option("PLAN", show_args->file, "plan JSON file")->required();
+  show->add_option("--workload", show_args->workload, "validate the plan against this workload");
+  show->add_flag("--json", show_args->json, "machine-readable summary");
+  show->add_option("--png", show_args->png,
+                   "also draw the plan's timeline (a row per stage, bars coloured by SM clock)");
+  show->callback([&action, show_args] {
+    action = [show_args] {
+      const PlanShowArgs& a = *show_args;
+      std::optional<Workload> w;
+      if (!a.workload.empty()) w = load_workload(a.workload);
+      const Plan p = w ? load_plan(a.file, *w) : load_plan(a.file);
+      if (!a.png.empty()) {
+        check_output_file("--png", a.png);
+        std::string error;
+        if (!plot_timeline({{fmt::format("{} plan ({})", p.method, p.goal), &p}}, a.png, error))
+          throw NotSupported("--png " + a.png + ": " + error);
+      }
+      const Workload* wp = w ? &*w : nullptr;
+      if (a.json) {
+        nlohmann::json j = plan_summary_json(p);
+        j["metrics"] = plan_show_metrics(p, wp);
+        std::cout << j.dump(2) << "\n";
+      } else {
+        std::cout << plan_summary_text(p) << plan_show_metrics_text(p, wp);
+      }
       return 0;
     };
   });
-  auto* g1 = cmd->add_option("--deadline", deadline, "least energy with iteration time <= S");
-  auto* g2 = cmd->add_option("--energy-budget", budget_j, "fastest with energy (J/iteration) <= J");
-  auto* g3 = cmd->add_flag("--max-throughput", max_tp, "fastest plan");
-  auto* g4 = cmd->add_flag("--min-energy", min_e, "least-energy plan");
+  auto* g1 = cmd->add_option("--deadline", args->deadline, "least energy with iteration time <= S")
+                 ->check(finite_in(0, true, kMaxDeadlineS, "seconds"));
+  auto* g2 =
+      cmd->add_option("--energy-budget", args->budget_j, "fastest with energy (J/iteration) <= J")
+          ->check(finite_in(0, true, kMaxEnergyBudgetJ, "joules"));
+  auto* g3 = cmd->add_flag("--max-throughput", args->max_tp, "fastest plan");
+  auto* g4 = cmd->add_flag("--min-energy", args->min_e, "least-energy plan");
   g1->excludes(g2)->excludes(g3)->excludes(g4);
   g2->excludes(g3)->excludes(g4);
   g3->excludes(g4);
-  cmd->add_option("--out", out, "plan file to write (required)");
-  cmd->add_option("--method", method, "planning method (see `kareus frontier --help`)")
+  cmd->add_option("--out", args->out, "plan file to write (required)");
+  cmd->add_option("--from", args->from,
+                  "pick the plan from this frontier.json of `kareus optimize` (no profiling or "
+                  "solving; FILE, if given, must be the frontier's workload)");
+  cmd->add_option("--method", args->method, "planning method (see `kareus frontier --help`)")
       ->capture_default_str();
-  cmd->add_flag("--json", json, "print the plan's summary as JSON");
-  add_planner_flags(cmd, flags);
-  cmd->callback([&action, show, g1, g2, g3, g4] {
+  cmd->add_flag("--json", args->json, "print the plan's summary as JSON");
+  add_planner_flags(cmd, args->flags);
+  cmd->callback([&action, cmd, args, show, g1, g2, g3, g4] {
     if (show->parsed()) return;  // `plan show` set the action
-    action = [g1, g2, g3, g4] {
-      if (file.empty())
-        throw InvalidInput("plan needs a workload FILE (or: kareus plan show PLAN)");
+    action = [cmd, args, g1, g2, g3, g4] {
+      const std::string& file = args->file;
+      const std::string& out = args->out;
+      const double deadline = args->deadline;
+      const double budget_j = args->budget_j;
+      const PlannerFlags& flags = args->flags;
+      if (file.empty() && args->from.empty()) {
+        throw InvalidInput(
+            "plan needs a workload FILE or --from FRONTIER.json (or: kareus plan show PLAN)");
+      }
       if (out.empty()) throw InvalidInput("plan needs --out PLAN.json");
+      check_output_file("--out", out);
+      const Method method = method_from_string(args->method);
+      check_planner_flags(flags);
       Goal goal;
       if (g1->count()) {
         goal = {GoalKind::kDeadline, deadline};
@@ -144,42 +320,24 @@ void register_plan(CLI::App& app, Action& action) {
         throw InvalidInput(
             "plan needs a goal: --deadline S, --energy-budget J, --max-throughput or --min-energy");
       }
-      const Workload w = load_workload(file);
-      ProfilingSession session = open_profiling(flags.profiling, w);
-      PipelineProgress progress(!flags.quiet);
-      Planner planner(w, *session.cached, flags.planner, progress.callback());
-      const MethodFrontier f = planner.frontier(method_from_string(method));
-      progress.finish();
-      const auto idx = select_point(f.points, goal);
-      if (!idx) {
-        double tmin = 1e300, tmax = 0, emin = 1e300, emax = 0;
-        for (const auto& p : f.points) {
-          tmin = std::min(tmin, p.time_s);
-          tmax = std::max(tmax, p.time_s);
-          emin = std::min(emin, p.energy_j);
-          emax = std::max(emax, p.energy_j);
-        }
-        throw InvalidInput(fmt::format(
-            "{} is infeasible: the frontier spans iteration times {:.4f}..{:.4f} s and energies "
-            "{:.1f}..{:.1f} J",
-            goal.kind == GoalKind::kDeadline ? fmt::format("--deadline {}", deadline)
-                                             : fmt::format("--energy-budget {}", budget_j),
-            tmin, tmax, emin, emax));
-      }
-      const Plan p = planner.make_plan(f, *idx, goal.describe());
+      std::optional<Workload> w;
+      const Plan p = args->from.empty() ? plan_from_scratch(*args, method, goal, w)
+                                        : plan_from_frontier(*cmd, *args, method, goal, w);
       save_plan(p, out);
-      if (json) {
+      if (args->json) {
         std::cout << nlohmann::json({{"plan", out},
                                      {"goal", p.goal},
                                      {"iteration_time_s", p.iteration_time_s},
                                      {"energy_j", p.energy_j},
-                                     {"clock_changes", p.clock_changes()}})
+                                     {"clock_changes", p.clock_changes()},
+                                     {"metrics", plan_show_metrics(p, &*w)}})
                          .dump(2)
                   << "\n";
       } else {
         std::cout << fmt::format(
-            "{}: {} -> {:.4f} s, {:.1f} J per iteration (whole job), {} clock changes\n", out,
-            p.goal, p.iteration_time_s, p.energy_j, p.clock_changes());
+            "{}: {} -> {:.4f} s, {:.1f} J per iteration (whole job), {} clock changes\n{}", out,
+            p.goal, p.iteration_time_s, p.energy_j, p.clock_changes(),
+            plan_show_metrics_text(p, &*w));
       }
       return 0;
     };

@@ -10,8 +10,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "kareus/error.h"
+#include "kareus/profiling_cost.h"
 #include "kareus/progress.h"
 #include "kareus/search_space.h"
 #include "profiling_flags.h"
@@ -116,44 +118,73 @@ std::ofstream open_append(const std::string& path) {
   return out;
 }
 
+/// The flags of `kareus profile`, owned by the subcommand's callback.
+struct ProfileArgs {
+  std::string file, partition, slot, points, append;
+  int freq = -1, sms = -1;
+  bool sweep = false, json = false, quiet = false, static_power = false;
+  ProfilingFlags flags;
+};
+
+/// The store `profile --sweep` fills when no --db is given (the one `make run` reuses).
+constexpr const char* kDefaultSweepDb = "out/profiles.db";
+
 }  // namespace
 
 void register_profile(CLI::App& app, Action& action) {
   auto* cmd = app.add_subcommand(
       "profile", "Measure a partition at one configuration, or sweep all configurations");
-  static std::string file, partition, slot;
-  static int freq = -1, sms = -1;
-  static std::string points, append;
-  static bool sweep = false, json = false, quiet = false, static_power = false;
-  static ProfilingFlags flags;
-  cmd->add_option("FILE", file, "workload YAML file")->required();
-  cmd->add_option("--partition", partition, "partition key (see `kareus workload show`)");
-  cmd->add_option("--freq", freq, "SM clock in MHz");
-  cmd->add_option("--sms", sms, "SMs (CTAs) given to the collective");
-  cmd->add_option("--slot", slot, "launch slot of the collective");
-  cmd->add_flag("--sweep", sweep, "measure every configuration (all partitions by default)");
-  cmd->add_option("--points", points,
+  auto args = std::make_shared<ProfileArgs>();
+  ProfileArgs& a = *args;
+  cmd->add_option("FILE", a.file, "workload YAML file")->required();
+  cmd->add_option("--partition", a.partition, "partition key (see `kareus workload show`)");
+  cmd->add_option("--freq", a.freq, "SM clock in MHz");
+  cmd->add_option("--sms", a.sms, "SMs (CTAs) given to the collective");
+  cmd->add_option("--slot", a.slot, "launch slot of the collective");
+  cmd->add_flag("--sweep", a.sweep,
+                fmt::format("measure every configuration (all partitions by default) into the "
+                            "--db store (default {})",
+                            kDefaultSweepDb));
+  cmd->add_option("--points", a.points,
                   "measure the points listed in this CSV (partition,freq_mhz,sms,slot), e.g. the "
                   "file `search --ask` wrote");
-  cmd->add_option("--append", append,
+  cmd->add_option("--append", a.append,
                   "with --points: append trace rows (partition,freq_mhz,sms,slot,time_s,energy_j) "
                   "to this CSV instead of printing them");
-  cmd->add_flag("--static-power", static_power,
+  cmd->add_flag("--static-power", a.static_power,
                 "measure the static power of the workload's GPUs (the emulator and the trace "
                 "return the catalogue value)");
-  cmd->add_flag("--json", json, "machine-readable output");
-  cmd->add_flag("--quiet", quiet, "no progress bar");
-  add_profiling_flags(cmd, flags);
-  cmd->callback([&action] {
-    action = [] {
-      const Workload w = load_workload(file);
-      const PartitionSet ps = partition_workload(w);
+  cmd->add_flag("--json", a.json, "machine-readable output");
+  cmd->add_flag("--quiet", a.quiet, "no progress bar");
+  add_profiling_flags(cmd, a.flags);
+  cmd->callback([&action, args] {
+    action = [args] {
+      const std::string& file = args->file;
+      const std::string& partition = args->partition;
+      const std::string& slot = args->slot;
+      const std::string& points = args->points;
+      const std::string& append = args->append;
+      const int freq = args->freq, sms = args->sms;
+      const bool sweep = args->sweep, json = args->json, quiet = args->quiet;
+      const bool static_power = args->static_power;
+      ProfilingFlags& flags = args->flags;
       if (static_cast<int>(sweep) + static_cast<int>(static_power) +
               static_cast<int>(!points.empty()) >
           1) {
         throw InvalidInput("profile: choose one of --sweep, --points, --static-power");
       }
       if (!append.empty() && points.empty()) throw InvalidInput("--append needs --points FILE");
+      if (!points.empty()) check_input_file("--points", points);
+      if (!append.empty()) check_output_file("--append", append);
+      if (sweep && flags.db.empty()) {
+        // The store a sweep fills is what later runs reuse: default to the one `make run` uses.
+        flags.db = kDefaultSweepDb;
+        std::error_code ec;
+        std::filesystem::create_directories(std::filesystem::path(flags.db).parent_path(), ec);
+      }
+      check_profiling_flags(flags);
+      const Workload w = load_workload(file);
+      const PartitionSet ps = partition_workload(w);
       ProfilingSession session = open_profiling(flags, w);
       const GpuSpec& gpu = session.backend->gpu();
       if (static_power) {
@@ -257,7 +288,6 @@ void register_profile(CLI::App& app, Action& action) {
         }
         return 0;
       }
-      if (flags.db.empty()) throw InvalidInput("--sweep needs --db PATH to keep its measurements");
       std::vector<const Partition*> targets;
       if (partition.empty()) {
         for (const auto& p : ps.partitions) targets.push_back(&p);
@@ -273,18 +303,18 @@ void register_profile(CLI::App& app, Action& action) {
       Progress bar("profiling", total, !quiet);
       std::size_t done = 0;
       for (std::size_t i = 0; i < targets.size(); ++i) {
-        for (const auto& c : spaces[i].configs()) {
-          session.cached->measure(*targets[i], c);
-          bar.update(++done);
-        }
+        // One batch per partition: with --mpi every measuring rank works on it at once.
+        session.cached->measure_batch(*targets[i], spaces[i].configs(),
+                                      [&](std::size_t, const Measurement&) { bar.update(++done); });
       }
       bar.finish();
-      const double real_s = static_cast<double>(total) * kRealSecondsPerPoint;
+      const ProfilingCostEstimate cost = estimate_profiling_cost(total, w.cluster.gpus_per_node);
       if (json) {
         nlohmann::json j = {{"configs", total},
                             {"measured", session.cached->measured()},
                             {"reused", session.cached->reused()},
-                            {"real_gpu_time_s", real_s},
+                            {"real_gpu_time_s", cost.wall_s()},
+                            {"cost_estimate", cost.to_json()},
                             {"db", flags.db}};
         for (std::size_t i = 0; i < targets.size(); ++i) {
           j["partitions"].push_back({{"key", targets[i]->key}, {"configs", spaces[i].size()}});
@@ -293,10 +323,9 @@ void register_profile(CLI::App& app, Action& action) {
       } else {
         std::cout << fmt::format(
             "{} configurations of {} partition(s): {} measured now, {} already in {}\n"
-            "on real GPUs this sweep would take {} of profiling (5 s window + 5 s cool-down per "
-            "point, whole node)\n",
+            "on real GPUs this sweep would take {}\n",
             total, targets.size(), session.cached->measured(), session.cached->reused(), flags.db,
-            format_duration(real_s));
+            cost.describe());
       }
       return 0;
     };

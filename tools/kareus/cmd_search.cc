@@ -14,6 +14,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "kareus/error.h"
 #include "kareus/progress.h"
@@ -41,6 +42,14 @@ void write_ask_file(const std::string& path, const std::string& partition,
   if (!out) throw InvalidInput(fmt::format("--ask {}: cannot write the file", path));
 }
 
+/// The flags of `kareus search`, owned by the subcommand's callback.
+struct SearchArgs {
+  std::string file, partition, strategy = "mbo", ask;
+  SearchOptions opt;
+  bool json = false, quiet = false;
+  ProfilingFlags flags;
+};
+
 }  // namespace
 
 nlohmann::json search_point_json(const SearchPoint& p) {
@@ -52,38 +61,51 @@ nlohmann::json search_point_json(const SearchPoint& p) {
 
 void register_search(CLI::App& app, Action& action) {
   auto* cmd = app.add_subcommand("search", "Search one partition for its time-energy Pareto front");
-  static std::string file, partition, strategy = "mbo", ask;
-  static SearchOptions opt;
-  static bool json = false, quiet = false;
-  static ProfilingFlags flags;
-  cmd->add_option("FILE", file, "workload YAML file")->required();
-  cmd->add_option("--partition", partition, "partition key (see `kareus workload show`)")
+  auto args = std::make_shared<SearchArgs>();
+  SearchArgs& a = *args;
+  cmd->add_option("FILE", a.file, "workload YAML file")->required();
+  cmd->add_option("--partition", a.partition, "partition key (see `kareus workload show`)")
       ->required();
-  cmd->add_option("--strategy", strategy, "mbo, random or exhaustive")->capture_default_str();
-  cmd->add_option("--budget", opt.budget, "measurements (the whole space if larger)")
-      ->capture_default_str();
-  cmd->add_option("--seed", opt.seed, "seed of every random choice")->capture_default_str();
-  cmd->add_option("--initial-points", opt.initial_points,
+  cmd->add_option("--strategy", a.strategy, "mbo, random or exhaustive")->capture_default_str();
+  cmd->add_option("--budget", a.opt.budget, "measurements (the whole space if larger)")
+      ->capture_default_str()
+      ->check(integer_in(1, 1000000, "measurements"));
+  cmd->add_option("--seed", a.opt.seed, "seed of every random choice")->capture_default_str();
+  cmd->add_option("--initial-points", a.opt.initial_points,
                   "mbo: random initial points at budget 224 (scaled below it)")
-      ->capture_default_str();
-  cmd->add_option("--batch-size", opt.batch_size, "mbo: points per batch")->capture_default_str();
-  cmd->add_option("--initial-design", opt.initial_design, "mbo: random or lhs")
-      ->capture_default_str();
-  cmd->add_option("--stop-threshold", opt.stop_threshold,
+      ->capture_default_str()
+      ->check(integer_in(1, 1000000, "points"));
+  cmd->add_option("--batch-size", a.opt.batch_size, "mbo: points per batch")
+      ->capture_default_str()
+      ->check(integer_in(1, 1000000, "points"));
+  cmd->add_option("--initial-design", a.opt.initial_design, "mbo: random or lhs")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"random", "lhs"}));
+  cmd->add_option("--stop-threshold", a.opt.stop_threshold,
                   "mbo: stop when a batch adds less than this fraction of hypervolume (0: off)")
-      ->capture_default_str();
-  cmd->add_option("--ask", ask,
+      ->capture_default_str()
+      ->check(finite_in(0, false, 1, "hypervolume fraction"));
+  cmd->add_option("--ask", a.ask,
                   "ask/tell: write the next batch of points the backend lacks to this CSV "
                   "(partition,freq_mhz,sms,slot) and exit 3");
-  cmd->add_flag("--json", json, "machine-readable output");
-  cmd->add_flag("--quiet", quiet, "no progress bar");
-  add_profiling_flags(cmd, flags);
+  cmd->add_flag("--json", a.json, "machine-readable output");
+  cmd->add_flag("--quiet", a.quiet, "no progress bar");
+  add_profiling_flags(cmd, a.flags);
   cmd->footer(
       "Exit codes: 0 done, 2 invalid input, 3 measurements needed (--ask: measure the points in "
       "the --ask file, append them to the --trace file, rerun).");
-  cmd->callback([&action] {
-    action = [] {
+  cmd->callback([&action, args] {
+    action = [args] {
+      const std::string& file = args->file;
+      const std::string& partition = args->partition;
+      const std::string& strategy = args->strategy;
+      const std::string& ask = args->ask;
+      const SearchOptions& opt = args->opt;
+      const bool json = args->json, quiet = args->quiet;
+      const ProfilingFlags& flags = args->flags;
       auto strat = create_search_strategy(strategy);
+      if (!ask.empty()) check_output_file("--ask", ask);
+      check_profiling_flags(flags);
       const Workload w = load_workload(file);
       const PartitionSet ps = partition_workload(w);
       const Partition& p = ps.partition(partition);

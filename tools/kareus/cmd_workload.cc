@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
@@ -119,15 +120,19 @@ void register_workload(CLI::App& app, Action& action) {
   auto* wl = app.add_subcommand("workload", "Inspect a workload file");
   wl->require_subcommand(1);
   auto* show = wl->add_subcommand("show", "Show the partitions and segments of a workload");
-  static std::string file;
-  static bool json = false;
-  show->add_option("FILE", file, "workload YAML file")->required();
-  show->add_flag("--json", json, "machine-readable output");
-  show->callback([&action] {
-    action = [] {
-      const Workload w = load_workload(file);
+  // Owned by the subcommand's callback.
+  struct Args {
+    std::string file;
+    bool json = false;
+  };
+  auto args = std::make_shared<Args>();
+  show->add_option("FILE", args->file, "workload YAML file")->required();
+  show->add_flag("--json", args->json, "machine-readable output");
+  show->callback([&action, args] {
+    action = [args] {
+      const Workload w = load_workload(args->file);
       const PartitionSet ps = partition_workload(w);
-      if (json) {
+      if (args->json) {
         std::cout << workload_json(w, ps).dump(2) << "\n";
       } else {
         std::cout << workload_text(w, ps);

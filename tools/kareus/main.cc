@@ -8,11 +8,13 @@
 
 #include "commands.h"
 #include "kareus/error.h"
+#include "mpi_run.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
       "Kareus: joint frequency, SM-allocation and launch-timing planning that cuts the energy "
-      "and time of large-model training."};
+      "and time of large-model training.",
+      "kareus"};  // a fixed name: help reads the same wherever the binary lives (docs/cli.md)
   app.require_subcommand(1);
   app.set_version_flag("--version", "kareus 0.1.0");
   kareus::cli::Action action;
@@ -38,6 +40,7 @@ int main(int argc, char** argv) {
     app.exit(e);
     return 2;
   }
+  kareus::cli::wrap_for_mpi(app, argc, argv, action);  // --mpi: docs/scale.md
   try {
     return action ? action() : 0;
   } catch (const kareus::InvalidInput& e) {

@@ -1,6 +1,8 @@
 // Flags shared by every verb that measures: backend choice, profile store, emulator noise.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <iostream>
@@ -8,6 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "cli_util.h"
+#include "kareus/distributed.h"
+#include "kareus/error.h"
 #include "kareus/profiler.h"
 #include "kareus/search_space.h"
 #include "kareus/store.h"
@@ -27,7 +32,11 @@ struct ProfilingFlags {
   std::vector<int> devices;
   double window_s = 5.0;
   double cooldown_s = 5.0;
+  bool mpi = false;  ///< distributed profiling: rank 0 searches, the other ranks measure
 };
+
+/// Rank 0's coordinator when the job runs with --mpi (set by main), else null.
+inline distributed::Coordinator* mpi_coordinator = nullptr;
 
 inline void add_profiling_flags(CLI::App* cmd, ProfilingFlags& f) {
   cmd->add_option("--backend", f.backend, "profiling backend: emulator, trace, cuda")
@@ -35,11 +44,13 @@ inline void add_profiling_flags(CLI::App* cmd, ProfilingFlags& f) {
   cmd->add_option("--db", f.db, "profile store (SQLite); reused and extended across runs");
   cmd->add_option("--trace", f.trace, "CSV of measurements for --backend trace");
   cmd->add_option("--noise", f.noise, "emulator measurement noise (relative std. dev.)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(finite_in(0, false, 1, "relative standard deviation"));
   cmd->add_option("--noise-seed", f.seed, "emulator noise seed")->capture_default_str();
   cmd->add_option("--emulate-profiling-delay-ms", f.delay_ms,
                   "wall time each emulated measurement takes, as real profiling would")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_in(0, 3600000, "milliseconds"));
   cmd->add_flag("--allow-clock-control", f.allow_clock_control,
                 "cuda: lock SM clocks through NVML (needs root or admin-granted permission); "
                 "without it, measure at the card's current clock only");
@@ -49,10 +60,20 @@ inline void add_profiling_flags(CLI::App* cmd, ProfilingFlags& f) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--window-s", f.window_s, "cuda: measurement window per point (s)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(finite_in(0, true, 3600, "seconds"));
   cmd->add_option("--cooldown-s", f.cooldown_s, "cuda: cool-down after each point (s)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(finite_in(0, false, 3600, "seconds"));
+  cmd->add_flag("--mpi", f.mpi,
+                "distributed profiling under mpirun/srun: rank 0 searches and owns --db, the other "
+                "ranks measure (docs/scale.md)");
+}
+
+/// The checks of the profiling flags that CLI11 cannot make while parsing; run before anything
+/// is loaded or measured. (The store itself is opened, and so checked, by open_profiling,
+/// before any measurement.)
+inline void check_profiling_flags(const ProfilingFlags& f) {
+  if (!f.db.empty()) check_output_file("--db", f.db);
 }
 
 /// The backend and (optional) store the flags ask for.
@@ -74,9 +95,32 @@ inline ProfilingSession open_profiling(const ProfilingFlags& f, const Workload& 
   o.devices = f.devices;
   o.window_s = f.window_s;
   o.cooldown_s = f.cooldown_s;
-  s.backend = create_profiler(f.backend, o);
-  if (!f.db.empty()) s.store = std::make_unique<ProfileStore>(f.db);
+  distributed::RemoteProfiler* remote = nullptr;
+  if (f.mpi && mpi_coordinator) {
+    if (f.backend == "trace") {
+      throw InvalidInput(
+          "--mpi with --backend trace: a trace is replayed from a file, there is nothing to "
+          "distribute; drop --mpi");
+    }
+    // Each measuring rank owns one partition group: the GPUs of one TP x CP group.
+    auto r = mpi_coordinator->open_backend(f.backend, o, w.parallel.tp * w.parallel.cp);
+    remote = r.get();
+    s.backend = std::move(r);
+  } else {
+    s.backend = create_profiler(f.backend, o);
+  }
+  if (!f.db.empty()) {
+    try {
+      s.store = std::make_unique<ProfileStore>(f.db);
+    } catch (const InvalidInput& e) {
+      // The store's messages start with the path; name the flag too.
+      const std::string msg = e.what();
+      throw InvalidInput(msg.rfind(f.db + ":", 0) == 0 ? "--db " + msg
+                                                       : fmt::format("--db {}: {}", f.db, msg));
+    }
+  }
   s.cached = std::make_unique<CachedProfiler>(*s.backend, s.store.get());
+  if (remote) s.cached->set_parallel(remote);
   if (const auto fixed = s.backend->fixed_freq_mhz()) {
     std::cerr << "kareus: clock control is off: backend '" << s.backend->name()
               << "' measures at the card's current SM clock, " << *fixed

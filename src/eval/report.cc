@@ -1,0 +1,383 @@
+// What a person reads of an evaluation: the comparison table (time, energy, tokens/s, MFU,
+// energy per token, power per GPU; metrics.h), the workload and suite reports, the frontier plot
+// with the written plans marked, and the plans' timelines (timeline.h).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "kareus/evaluate.h"
+#include "kareus/table.h"
+#include "kareus/timeline.h"
+#include "plot.h"
+
+namespace kareus {
+namespace {
+
+// Change of `value` against `base` in percent, without "-0.0%".
+double change_pct(double base, double value) {
+  const double v = 100.0 * (value - base) / base;
+  return v == 0 ? 0.0 : v;
+}
+
+const FrontierSummaryPoint& fastest(const std::vector<FrontierSummaryPoint>& v) {
+  return v.front();
+}
+
+const FrontierSummaryPoint& cheapest(const std::vector<FrontierSummaryPoint>& v) {
+  return *std::min_element(v.begin(), v.end(),
+                           [](const auto& a, const auto& b) { return a.energy_j < b.energy_j; });
+}
+
+// The rows of the comparison table: method, plan, point.
+struct Row {
+  const char* method;
+  const char* plan;
+  FrontierSummaryPoint point;
+};
+
+std::vector<Row> comparison_rows(const WorkloadEvaluation& e) {
+  return {{"Megatron-LM", "max clock", e.megatron},
+          {"Nanobatching", "max clock", e.nanobatch},
+          {"Perseus", "fastest", fastest(e.perseus)},
+          {"Perseus", "min energy", cheapest(e.perseus)},
+          {"Nanobatching+Perseus", "fastest", fastest(e.nanobatch_perseus)},
+          {"Nanobatching+Perseus", "min energy", cheapest(e.nanobatch_perseus)},
+          {"Kareus", "fastest", fastest(e.kareus)},
+          {"Kareus", "iso-time", e.iso_time_point},
+          {"Kareus", "iso-energy", e.iso_energy_point},
+          {"Kareus", "min energy", cheapest(e.kareus)},
+          {"Kareus w/o freq. scaling", "fastest", fastest(e.kareus_max_clock)}};
+}
+
+}  // namespace
+
+std::string comparison_table(const WorkloadEvaluation& e) {
+  TextTable t({"method", "plan", "time (s)", "energy", "time vs Megatron", "energy vs Megatron",
+               "tokens/s", "per GPU", "MFU", "energy/token", "W/GPU"});
+  for (const Row& r : comparison_rows(e)) {
+    const FrontierSummaryPoint& p = r.point;
+    const ThroughputMetrics m = e.metrics(p);
+    t.add_row({r.method, r.plan, fmt::format("{:.3f}", p.iteration_time_s),
+               format_energy(p.energy_j, 4),
+               fmt::format("{:+.1f}%", change_pct(e.megatron.iteration_time_s, p.iteration_time_s)),
+               fmt::format("{:+.1f}%", change_pct(e.megatron.energy_j, p.energy_j)),
+               format_si(m.tokens_per_s), format_si(m.tokens_per_s_per_gpu),
+               fmt::format("{:.1f}%", 100 * m.mfu), format_energy(m.energy_per_token_j),
+               fmt::format("{:.0f}", m.avg_power_per_gpu_w)});
+  }
+  return t.render();
+}
+
+namespace {
+
+std::string metrics_table(const WorkloadEvaluation& e) {
+  std::string s = "| metric | this run | paper (best case, OSDI '26) |\n| --- | --- | --- |\n";
+  s += fmt::format("| iso-time energy saving vs Perseus | {:.2f}% | up to {}% |\n",
+                   e.iso_time_energy_saving_pct, PaperHeadline::iso_time_energy_saving_pct);
+  s += fmt::format("| iso-energy time saving vs Perseus | {:.2f}% | up to {}% |\n",
+                   e.iso_energy_time_saving_pct, PaperHeadline::iso_energy_time_saving_pct);
+  s += fmt::format("| max-throughput time saving vs Megatron-LM | {:.2f}% | up to {}% |\n",
+                   e.max_throughput_time_saving_pct, PaperHeadline::max_throughput_time_saving_pct);
+  s += fmt::format("| max-throughput energy saving vs Megatron-LM | {:.2f}% | up to {}% |\n",
+                   e.max_throughput_energy_saving_pct,
+                   PaperHeadline::max_throughput_energy_saving_pct);
+  s += fmt::format("| energy increase without frequency scaling | {:.2f}% | - |\n",
+                   e.ablation_no_freq_energy_increase_pct);
+  s += fmt::format("| energy increase without kernel scheduling | {:.2f}% | {}% |\n",
+                   e.ablation_no_sched_energy_increase_pct,
+                   PaperHeadline::ablation_no_sched_energy_increase_pct);
+  return s;
+}
+
+// How the comparison table's metrics are defined, with this job's figures.
+std::string metrics_definitions(const WorkloadEvaluation& e) {
+  const JobShape& j = e.job;
+  return fmt::format(
+      "tokens/s: {} tokens per iteration (whole job) over the iteration time; per GPU: over {} "
+      "GPUs. MFU: model FLOPs per iteration, {} (Narayanan et al., SC '21, eq. 3 "
+      "without recompute: 6 x matmul weights x tokens plus the attention term; recomputed "
+      "forwards are not counted), over iteration time x {} GPUs x {:.0f} TFLOP/s (the GPU's "
+      "dense bf16 peak). energy/token: whole-job energy per iteration over its tokens. W/GPU: "
+      "average power per GPU, static power included.\n\n",
+      j.tokens_per_iteration, j.gpus, human_flops(j.model_flops_per_iteration), j.gpus,
+      j.peak_flops_per_gpu / 1e12);
+}
+
+std::string replay_table(const WorkloadEvaluation& e) {
+  std::string s =
+      "| plan | predicted time (s) | emulated time (s) | error | predicted energy (J) | emulated "
+      "energy (J) | error |\n"
+      "| --- | --- | --- | --- | --- | --- | --- |\n";
+  for (const auto& r : e.replays) {
+    s += fmt::format("| {} | {:.4f} | {:.4f} | {:+.2f}% | {:.1f} | {:.1f} | {:+.2f}% |\n", r.plan,
+                     r.predicted_time_s, r.emulated_time_s, 100 * r.time_error(),
+                     r.predicted_energy_j, r.emulated_energy_j, 100 * r.energy_error());
+  }
+  return s;
+}
+
+std::string timelines_section(const std::map<std::string, std::string>& timelines) {
+  if (timelines.empty()) return "";
+  std::string s =
+      "## Timelines\n\nOne iteration of each written plan (top) and of Megatron-LM's (bottom): "
+      "one row per pipeline stage, each instruction a bar coloured by its SM clock, clock-switch "
+      "stalls hatched, and under each stage a thin lane where the other nano-batch's "
+      "collectives run overlapped.\n\n";
+  for (const auto& [plan, png] : timelines) s += fmt::format("- [{}]({})\n", plan, png);
+  const auto shown = timelines.count("iso-time") ? timelines.find("iso-time") : timelines.begin();
+  s += fmt::format("\n![{} plan and Megatron-LM over one iteration]({})\n\n", shown->first,
+                   shown->second);
+  return s;
+}
+
+}  // namespace
+
+std::string workload_report(const WorkloadEvaluation& e, const std::string& png_name,
+                            const std::map<std::string, std::string>& timelines) {
+  std::string s = fmt::format("# Kareus report: {}\n\n", e.workload);
+  s += "All numbers come from Kareus's embedded emulator (docs/emulator.md), not from GPUs. Energy "
+       "is the whole job's (all " +
+       std::to_string(e.gpus) +
+       " GPUs) per training iteration, static "
+       "energy included. Every method ran through the same composition and frontier solver on the "
+       "same measurements.\n\n";
+  s += "## Profiling cost\n\n";
+  s += fmt::format(
+      "{} configurations profiled ({} measured in this run, {} from the profile store). On real "
+      "GPUs: {}.\n\n",
+      e.measured + e.reused, e.measured, e.reused, e.profiling_cost.describe());
+  s += "| partition | configurations | searched |\n| --- | --- | --- |\n";
+  for (const auto& p : e.searches)
+    s += fmt::format("| {} | {} | {} |\n", p.key, p.space, p.evaluations + p.coverage_points);
+  s += "\n## Comparison\n\n```\n" + comparison_table(e) + "```\n\n";
+  s += metrics_definitions(e);
+  s += metrics_table(e);
+  s += fmt::format("\nfallback: {}{}\n\n", e.fallback ? "yes" : "no",
+                   e.fallback ? " (" + e.fallback_note + ")" : "");
+  if (!png_name.empty()) {
+    s += fmt::format(
+        "![time-energy frontiers]({})\n\nThe four written plans (`plans/`) are marked on "
+        "Kareus's frontier; the baselines' fastest and least-energy plans on theirs.\n\n",
+        png_name);
+  }
+  s += timelines_section(timelines);
+  s += "## Plans and their replay\n\nEach plan is replayed by the whole-iteration emulation "
+       "(`kareus emulate --plan`), independently of the composition that predicted it.\n\n";
+  s += replay_table(e);
+  return s;
+}
+
+namespace {
+
+std::string savings_table(const std::vector<WorkloadEvaluation>& all) {
+  std::string s =
+      "| workload | iso-time energy saving | iso-energy time saving | max-throughput time saving "
+      "| max-throughput energy saving | no freq. scaling | no scheduling | fallback |\n"
+      "| --- | --- | --- | --- | --- | --- | --- | --- |\n";
+  double sum[6] = {0}, best[6] = {-1e9, -1e9, -1e9, -1e9, -1e9, -1e9};
+  for (const auto& e : all) {
+    const double v[6] = {
+        e.iso_time_energy_saving_pct,           e.iso_energy_time_saving_pct,
+        e.max_throughput_time_saving_pct,       e.max_throughput_energy_saving_pct,
+        e.ablation_no_freq_energy_increase_pct, e.ablation_no_sched_energy_increase_pct};
+    s += fmt::format("| {} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {} |\n",
+                     e.workload, v[0], v[1], v[2], v[3], v[4], v[5], e.fallback ? "yes" : "no");
+    for (int k = 0; k < 6; ++k) {
+      sum[k] += v[k];
+      best[k] = std::max(best[k], v[k]);
+    }
+  }
+  const double n = static_cast<double>(std::max<std::size_t>(1, all.size()));
+  s += fmt::format("| **mean** | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | |\n",
+                   sum[0] / n, sum[1] / n, sum[2] / n, sum[3] / n, sum[4] / n, sum[5] / n);
+  s += fmt::format("| **best** | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | |\n",
+                   best[0], best[1], best[2], best[3], best[4], best[5]);
+  s += fmt::format("| paper (up to) | {} | {} | {} | {} | - | {} | |\n\n",
+                   PaperHeadline::iso_time_energy_saving_pct,
+                   PaperHeadline::iso_energy_time_saving_pct,
+                   PaperHeadline::max_throughput_time_saving_pct,
+                   PaperHeadline::max_throughput_energy_saving_pct,
+                   PaperHeadline::ablation_no_sched_energy_increase_pct);
+  return s;
+}
+
+// Throughput and energy per token of Megatron-LM and of Kareus's iso-time plan, per workload.
+std::string throughput_table(const std::vector<WorkloadEvaluation>& all) {
+  std::string s =
+      "| workload | GPUs | Megatron-LM tokens/s per GPU | MFU | energy/token | W/GPU | Kareus "
+      "iso-time tokens/s per GPU | MFU | energy/token | W/GPU | profiling (estimate) |\n"
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
+  for (const auto& e : all) {
+    const ThroughputMetrics a = e.metrics(e.megatron), b = e.metrics(e.iso_time_point);
+    s += fmt::format(
+        "| {} | {} | {} | {:.1f}% | {} | {:.0f} | {} | {:.1f}% | {} | {:.0f} | {:.1f} GPU-h |\n",
+        e.workload, e.gpus, format_si(a.tokens_per_s_per_gpu), 100 * a.mfu,
+        format_energy(a.energy_per_token_j), a.avg_power_per_gpu_w,
+        format_si(b.tokens_per_s_per_gpu), 100 * b.mfu, format_energy(b.energy_per_token_j),
+        b.avg_power_per_gpu_w, e.profiling_cost.gpu_hours());
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string suite_report(const std::vector<WorkloadEvaluation>& all, double seconds) {
+  std::string s = "# Kareus evaluation\n\n";
+  s += fmt::format(
+      "{} workloads on the embedded emulator in {:.0f} s. Savings in percent; iso-time "
+      "and iso-energy against Perseus, max-throughput against Megatron-LM; ablations "
+      "are the energy increase at Perseus's fastest iteration time.\n\n",
+      all.size(), seconds);
+  s += savings_table(all);
+  s += "Throughput and energy per token (MFU: model FLOPs per Narayanan et al., SC '21, without "
+       "recompute, over the GPUs' dense bf16 peak; energy and power include static power). "
+       "Profiling: the real-GPU cost estimate of each workload's measured configurations (5 s "
+       "window + 5 s cool-down each, one node per measurement).\n\n";
+  s += throughput_table(all) + "\n";
+  double worst_replay = 0;
+  for (const auto& e : all) {
+    for (const auto& r : e.replays) {
+      worst_replay = std::max({worst_replay, std::abs(r.time_error()), std::abs(r.energy_error())});
+    }
+  }
+  s += fmt::format(
+      "Every reported plan was replayed by the whole-iteration emulation; the largest "
+      "deviation from its prediction was {:.2f}%.\n",
+      100 * worst_replay);
+  return s;
+}
+
+namespace {
+
+// The plotting script, written next to the data so a user can re-run or restyle it. Marked
+// points get a label each; labels that would overlap are pushed down until they do not.
+const char* kPlotScript = R"PY(import json, sys
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+data = json.load(open(sys.argv[1]))
+fig, ax = plt.subplots(figsize=(8, 5.5))
+styles = [("kareus", "Kareus", "C3", "o"), ("nanobatch_perseus", "Nanobatching + Perseus", "C0", "s"),
+          ("perseus", "Perseus (Megatron-LM + Perseus)", "C2", "^"),
+          ("kareus_max_clock", "Kareus w/o frequency scaling", "C1", "d")]
+for key, label, color, marker in styles:
+    pts = data[key]
+    if not pts:
+        continue
+    t = [p["iteration_time_s"] for p in pts]
+    e = [p["energy_j"] / 1e3 for p in pts]
+    ax.plot(t, e, color=color, marker=marker, markersize=3, linewidth=1.5, label=label)
+for key, label, color, marker in [("megatron", "Megatron-LM", "k", "*"), ("nanobatch", "Nanobatching", "C4", "X")]:
+    p = data[key]
+    ax.plot([p["iteration_time_s"]], [p["energy_j"] / 1e3], linestyle="none", color=color,
+            marker=marker, markersize=12, label=label)
+first = True
+for m in data["marked"]:
+    x, y = m["iteration_time_s"], m["energy_j"] / 1e3
+    if m["kind"] == "plan":
+        ax.plot([x], [y], linestyle="none", marker="o", markersize=11, markerfacecolor="none",
+                markeredgecolor="C3", markeredgewidth=1.8,
+                label="written plan (plans/*.json)" if first else None)
+        first = False
+    else:
+        ax.plot([x], [y], linestyle="none", marker="o", markersize=9, markerfacecolor="none",
+                markeredgecolor="0.3", markeredgewidth=1.0)
+fig.canvas.draw()
+placed = []
+for m in data["marked"]:
+    x, y = m["iteration_time_s"], m["energy_j"] / 1e3
+    dy, dx = 10, 9
+    while True:
+        a = ax.annotate(m["label"], (x, y), xytext=(dx, dy), textcoords="offset points",
+                        ha="left" if dx > 0 else "right", fontsize=7.5,
+                        color="C3" if m["kind"] == "plan" else "0.25",
+                        fontweight="bold" if m["kind"] == "plan" else "normal",
+                        bbox=dict(boxstyle="round,pad=0.15", facecolor="white", edgecolor="none",
+                                  alpha=0.85),
+                        arrowprops=dict(arrowstyle="-", color="0.5", linewidth=0.6))
+        box = a.get_window_extent(fig.canvas.get_renderer()).expanded(1.05, 1.15)
+        if dx > 0 and box.x1 > ax.bbox.x1:  # would leave the axes: put it on the left
+            a.remove()
+            dx, dy = -9, -16  # below-left: the curves arrive from the upper left
+            continue
+        if not any(box.overlaps(b) for b in placed) or dy < -120:
+            placed.append(box)
+            break
+        a.remove()
+        dy -= 11
+ax.set_xlabel("Iteration time (s)")
+ax.set_ylabel("Energy per iteration, whole job (kJ)")
+ax.set_title(data["workload"] + " (emulated)")
+ax.grid(True, alpha=0.3)
+ax.legend(fontsize=8, loc="upper right")
+fig.tight_layout()
+fig.savefig(sys.argv[2], dpi=150)
+)PY";
+
+nlohmann::json marked_json(const std::string& label, const std::string& kind, double time_s,
+                           double energy_j) {
+  return {{"label", label}, {"kind", kind}, {"iteration_time_s", time_s}, {"energy_j", energy_j}};
+}
+
+}  // namespace
+
+bool plot_frontiers(const WorkloadEvaluation& e, const std::string& png_path, std::string& error) {
+  nlohmann::json data = to_json(e, false);
+  data["marked"] = nlohmann::json::array();
+  for (const char* name : {"max-throughput", "iso-energy", "iso-time", "min-energy"}) {
+    const auto it = e.plans.find(name);
+    if (it == e.plans.end()) continue;
+    data["marked"].push_back(
+        marked_json(name, "plan", it->second.iteration_time_s, it->second.energy_j));
+  }
+  // The baselines' fastest plans run at max clock nearly everywhere, so they usually coincide
+  // with Megatron-LM's and Nanobatching's points, which the legend names: they get a label only
+  // where they differ visibly.
+  auto near = [](const FrontierSummaryPoint& a, const FrontierSummaryPoint& b) {
+    return std::abs(a.iteration_time_s / b.iteration_time_s - 1) < 0.005 &&
+           std::abs(a.energy_j / b.energy_j - 1) < 0.005;
+  };
+  std::vector<std::pair<std::string, FrontierSummaryPoint>> baselines;
+  if (!near(fastest(e.perseus), e.megatron))
+    baselines.emplace_back("Perseus fastest", fastest(e.perseus));
+  baselines.emplace_back("Perseus min energy", cheapest(e.perseus));
+  if (!near(fastest(e.nanobatch_perseus), e.nanobatch))
+    baselines.emplace_back("Nanobatching+Perseus fastest", fastest(e.nanobatch_perseus));
+  baselines.emplace_back("Nanobatching+Perseus min energy", cheapest(e.nanobatch_perseus));
+  for (const auto& [label, p] : baselines) {
+    data["marked"].push_back(marked_json(label, "baseline", p.iteration_time_s, p.energy_j));
+  }
+  return detail::run_plot_script(kPlotScript, "plot_frontier.py", data, "frontier_plot_data.json",
+                                 png_path, error);
+}
+
+std::map<std::string, std::string> plot_plan_timelines(const WorkloadEvaluation& e,
+                                                       const std::string& dir,
+                                                       const std::string& subdir,
+                                                       std::string& error) {
+  namespace fs = std::filesystem;
+  std::map<std::string, std::string> made;
+  std::error_code ec;
+  fs::create_directories(fs::path(dir) / subdir, ec);
+  if (ec) {
+    error = fmt::format("{}: cannot create ({})", (fs::path(dir) / subdir).string(), ec.message());
+    return made;
+  }
+  for (const auto& [name, plan] : e.plans) {
+    const std::string rel = (fs::path(subdir) / (name + ".timeline.png")).string();
+    const std::vector<TimelinePanel> panels = {{fmt::format("Kareus {} plan", name), &plan},
+                                               {"Megatron-LM", &e.megatron_plan}};
+    std::string why;
+    if (plot_timeline(panels, (fs::path(dir) / rel).string(), why)) {
+      made.emplace(name, rel);
+    } else if (error.empty()) {
+      error = why;
+    }
+  }
+  return made;
+}
+
+}  // namespace kareus

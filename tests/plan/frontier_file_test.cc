@@ -1,0 +1,283 @@
+// frontier.json in compact form: the plans materialized from a stored frontier are the plans of
+// the frontier it was written from, stale or edited files are refused, the frontier memory
+// budget is enforced, hold_clocks_sequence continues shorter holds, and `plan --from` gives the
+// plan a fresh `plan` gives.
+#include "kareus/frontier_file.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "kareus/error.h"
+#include "kareus/planner.h"
+#include "test_util.h"
+
+namespace kareus {
+namespace {
+
+constexpr const char* kQwen = "qwen3-1.7b_tp8_mbs8_seq4096";
+
+struct Stored {
+  Workload w;
+  EmulatorProfiler prof;
+  CachedProfiler cp;
+  Planner planner;
+  std::map<Method, MethodFrontier> f;
+  nlohmann::json j;
+  Stored()
+      : w(load_workload(test::paper_workload(kQwen))),
+        prof(test::emulator_options(w.gpu_name)),
+        cp(prof, nullptr),
+        planner(w, cp, PlannerOptions{}) {
+    for (Method m : {Method::kKareus, Method::kPerseus}) f[m] = planner.frontier(m);
+    j = frontiers_to_json(f, {{Method::kKareus, 0}, {Method::kPerseus, 1}});
+    add_frontier_identity(j, w, test::read_file(test::paper_workload(kQwen)), PlannerOptions{});
+  }
+};
+
+const Stored& stored() {
+  static const Stored s;
+  return s;
+}
+
+TEST(FrontierFile, StoredPointsMaterializeToTheSamePlans) {
+  const Stored& s = stored();
+  test::TempDir tmp;
+  const std::string path = tmp.write("frontier.json", s.j.dump(1));
+  const FrontierFile ff = load_frontier_file(path);
+  ASSERT_EQ(ff.methods.size(), 2u);
+  ASSERT_EQ(ff.merged.size(), 2u);
+  EXPECT_EQ(ff.merged[1], (FrontierRef{Method::kPerseus, 1}));
+  for (const auto& [m, f] : s.f) {
+    const MethodFrontier& g = ff.method(m);
+    ASSERT_EQ(g.points.size(), f.points.size()) << to_string(m);
+    EXPECT_EQ(g.dag.nodes.size(), f.dag.nodes.size());
+    EXPECT_EQ(g.dag.edges, f.dag.edges);
+    for (std::size_t i = 0; i < f.points.size(); ++i) {
+      EXPECT_EQ(g.points[i].choice, f.points[i].choice) << to_string(m) << " point " << i;
+      EXPECT_EQ(g.points[i].time_s, f.points[i].time_s);
+      EXPECT_EQ(g.points[i].energy_j, f.points[i].energy_j);
+      const nlohmann::json a = s.planner.make_plan(f, i, "goal").to_json();
+      const nlohmann::json b = ff.plan(m, i, "goal").to_json();
+      EXPECT_EQ(a.dump(), b.dump()) << to_string(m) << " point " << i;
+    }
+  }
+  EXPECT_THROW(ff.method(Method::kMegatron), InvalidInput);
+}
+
+TEST(FrontierFile, CompactChoicesNotPlans) {
+  const Stored& s = stored();
+  const std::string text = s.j.dump();
+  EXPECT_EQ(text.find("\"stages\""), std::string::npos);  // no plan inside
+  const auto& k = s.j["methods"]["kareus"];
+  const int pp = s.w.parallel.pp, mbs = s.w.batch.micro_batches;
+  ASSERT_EQ(k["tables"].size(), static_cast<std::size_t>(2 * pp));
+  for (const auto& p : k["points"]) {
+    ASSERT_EQ(p["choice"].size(), static_cast<std::size_t>(pp));
+    for (const auto& stage : p["choice"]) EXPECT_EQ(stage.size(), 2u * mbs);  // 1F1B: F and B
+  }
+}
+
+TEST(FrontierFile, EditedStaleOrForeignFilesAreRefused) {
+  const Stored& s = stored();
+  test::TempDir tmp;
+  auto refused = [&](nlohmann::json j, const std::string& name, const std::string& field,
+                     const std::string& why) {
+    const std::string path = tmp.write(name, j.dump());
+    try {
+      load_frontier_file(path);
+      ADD_FAILURE() << name << ": accepted";
+    } catch (const InvalidInput& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(path + ": field '" + field + "'"), std::string::npos) << what;
+      EXPECT_NE(what.find(why), std::string::npos) << what;
+    }
+  };
+  nlohmann::json edited = s.j;
+  edited["methods"]["kareus"]["tables"][0][0]["time_s"] = 1e-3;
+  refused(edited, "edited.json", "inputs_hash", "does not match the file's content");
+  nlohmann::json opts = s.j;
+  opts["planner"]["unit_s"] = 0.002;
+  refused(opts, "options.json", "inputs_hash", "rerun `kareus optimize`");
+  nlohmann::json old = s.j;
+  old["version"] = 1;
+  refused(old, "old.json", "version", "holds a plan per point");
+  refused(nlohmann::json::object(), "empty.json", "format", "kareus-frontier");
+  // Another workload beside the frontier.
+  const std::string good = tmp.write("good.json", s.j.dump());
+  const FrontierFile ff = load_frontier_file(good);
+  EXPECT_NO_THROW(check_frontier_workload(ff, s.w));
+  try {
+    check_frontier_workload(ff,
+                            load_workload(test::paper_workload("qwen3-1.7b_tp8_mbs16_seq4096")));
+    ADD_FAILURE() << "another workload was accepted";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("stale or belongs to another workload"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(FrontierMemory, BudgetIsEnforcedWithTheLimitNamed) {
+  const Stored& s = stored();
+  const MethodFrontier& f = s.f.at(Method::kKareus);
+  // The step bound by hand: all slowest options against all fastest, in units.
+  std::vector<int> fast(f.dag.nodes.size(), 0), slow(f.dag.nodes.size(), 0);
+  for (std::size_t i = 0; i < slow.size(); ++i)
+    slow[i] = static_cast<int>(f.dag.nodes[i].options.size()) - 1;
+  const double steps = (f.dag.makespan_s(slow) - f.dag.makespan_s(fast)) / 1e-3 + 1;
+  const FrontierMemory m = frontier_memory(f, 1e-3);
+  EXPECT_NEAR(m.solver_steps, steps, 1e-6 * steps);
+  EXPECT_GT(m.bytes, steps * static_cast<double>(f.dag.nodes.size() * sizeof(int)));
+  std::size_t options = 0;
+  for (const auto& t : f.tables) options += t.size();
+  EXPECT_EQ(m.options, options);
+
+  PlannerOptions o;
+  o.frontier_memory_mb = m.bytes / (1024.0 * 1024.0) / 2;  // half of what it needs
+  EmulatorProfiler prof(test::emulator_options(s.w.gpu_name));
+  CachedProfiler cp(prof, nullptr);
+  Planner tight(s.w, cp, o);
+  try {
+    tight.frontier(Method::kKareus);
+    ADD_FAILURE() << "over the budget, accepted";
+  } catch (const InvalidInput& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(fmt::format("frontier memory budget of {:g} MiB", o.frontier_memory_mb)),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("--frontier-memory-mb"), std::string::npos) << what;
+  }
+}
+
+TEST(HoldClocks, SequenceContinuesShorterHolds) {
+  const Stored& s = stored();
+  const MethodFrontier& f = s.f.at(Method::kKareus);
+  const std::vector<double> holds = {0, 0.01, 0.05, 0.2, 1e300};
+  for (const FrontierPoint& p : f.points) {
+    for (bool faster : {true, false}) {
+      const auto seq = hold_clocks_sequence(f, p.choice, holds, faster);
+      ASSERT_EQ(seq.size(), holds.size());
+      EXPECT_EQ(seq[0], p.choice);
+      int prev_changes = 1 << 30;
+      for (std::size_t k = 0; k < holds.size(); ++k) {
+        EXPECT_EQ(seq[k], hold_clocks(f, p.choice, holds[k], faster)) << "hold " << holds[k];
+        int changes = 0;
+        for (int c : schedule_with_switches(f, seq[k], 0.015).clock_changes) changes += c;
+        EXPECT_LE(changes, prev_changes);
+        prev_changes = changes;
+      }
+    }
+  }
+}
+
+TEST(DagNodeKind, NamesAndCounts) {
+  const Stored& s = stored();
+  const MethodFrontier& f = s.f.at(Method::kKareus);
+  std::map<DagNodeKind, int> n;
+  for (const auto& node : f.dag.nodes) ++n[node.instruction];
+  const int pp = s.w.parallel.pp, mbs = s.w.batch.micro_batches;
+  EXPECT_EQ(n[DagNodeKind::kForward], pp * mbs);
+  EXPECT_EQ(n[DagNodeKind::kBackward], pp * mbs);
+  EXPECT_EQ(n[DagNodeKind::kP2p], 2 * (pp - 1) * mbs);
+  EXPECT_STREQ(to_string(DagNodeKind::kIteration), "iteration");
+  EXPECT_EQ(dag_node_kind(InstructionKind::kBackward), DagNodeKind::kBackward);
+  EXPECT_EQ(dag_to_json(f.dag)["nodes"][0]["instruction"], "forward");
+}
+
+// Out-of-range fields are refused by the parser itself, so `plan show` without a workload
+// refuses them too.
+TEST(PlanFile, OutOfRangeFieldsAreRefusedWithoutAWorkload) {
+  const Stored& s = stored();
+  const nlohmann::json good = s.planner.make_plan(s.f.at(Method::kKareus), 0, "g").to_json();
+  const auto& ins = good["stages"][1]["instructions"];
+  const std::string key = ins[3]["partitions"].begin().key();
+  const std::string part = "stages[1].instructions[3].partitions." + key;
+  const std::vector<std::tuple<std::string, std::function<void(nlohmann::json&)>, std::string>>
+      cases = {
+          {part + ".sms",
+           [&](nlohmann::json& j) {
+             j["stages"][1]["instructions"][3]["partitions"][key]["sms"] = 0;
+           },
+           "0: allowed 1..32"},
+          {part + ".sms",
+           [&](nlohmann::json& j) {
+             j["stages"][1]["instructions"][3]["partitions"][key]["sms"] = 1000;
+           },
+           "1000: allowed 1..32"},
+          {part + ".instances",
+           [&](nlohmann::json& j) {
+             j["stages"][1]["instructions"][3]["partitions"][key]["instances"] = -2;
+           },
+           "-2: must be >= 0"},
+          {"stages[0].instructions[1].microbatch",
+           [](nlohmann::json& j) { j["stages"][0]["instructions"][1]["microbatch"] = -1; },
+           "-1: must be >= 0"},
+          {"stages[0].clock_changes",
+           [](nlohmann::json& j) { j["stages"][0]["clock_changes"] = -3; }, "-3: must be >= 0"},
+          {"workload.gpus", [](nlohmann::json& j) { j["workload"]["gpus"] = 0; },
+           "0: must be >= 1"},
+          {"parallel.tp", [](nlohmann::json& j) { j["parallel"]["tp"] = 0; }, "0: must be >= 1"},
+      };
+  for (const auto& [field, edit, why] : cases) {
+    nlohmann::json j = good;
+    edit(j);
+    try {
+      Plan::from_json(j, "p.json");
+      ADD_FAILURE() << field << ": accepted";
+    } catch (const InvalidInput& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("p.json: field '" + field + "': " + why), std::string::npos) << what;
+    }
+  }
+}
+
+// `plan --from` after `optimize` writes the plan a fresh `plan` writes, for every goal, and
+// refuses a foreign workload and planning flags.
+TEST(PlanFrom, SamePlanAsRecomputingAndClearErrors) {
+  test::TempDir tmp;
+  const std::string wl = test::paper_workload(kQwen);
+  const std::string db = " --quiet --db " + tmp.file("p.db");
+  const auto opt = test::run_cli("optimize " + wl + " --out " + tmp.file("out") + db);
+  ASSERT_EQ(opt.exit_code, 0) << opt.err;
+  const std::string fj = tmp.file("out") + "/frontier.json";
+  const auto j = nlohmann::json::parse(test::read_file(fj));
+  const auto& pts = j["methods"]["kareus"]["points"];
+  const double mid = pts[pts.size() / 2]["iteration_time_s"].get<double>();
+  const std::string goals[] = {"--max-throughput", "--min-energy",
+                               fmt::format("--deadline {:.17g}", mid * 1.0001),
+                               "--energy-budget 1e12", "--method perseus --min-energy"};
+  int k = 0;
+  for (const std::string& g : goals) {
+    const std::string a = tmp.file(fmt::format("a{}.json", k)),
+                      b = tmp.file(fmt::format("b{}.json", k));
+    ++k;
+    const auto fresh = test::run_cli("plan " + wl + " " + g + " --out " + a + db);
+    ASSERT_EQ(fresh.exit_code, 0) << g << fresh.err;
+    const auto from = test::run_cli("plan --from " + fj + " " + g + " --out " + b + " --quiet");
+    ASSERT_EQ(from.exit_code, 0) << g << from.err;
+    EXPECT_EQ(test::read_file(a), test::read_file(b)) << g;
+    EXPECT_EQ(fresh.out.substr(fresh.out.find(':')), from.out.substr(from.out.find(':'))) << g;
+  }
+  // With the workload file beside it: checked, then the same plan.
+  EXPECT_EQ(
+      test::run_cli("plan " + wl + " --from " + fj + " --min-energy --out " + tmp.file("c.json"))
+          .exit_code,
+      0);
+  const auto other = test::run_cli("plan " + test::paper_workload("qwen3-1.7b_tp8_mbs16_seq4096") +
+                                   " --from " + fj + " --min-energy --out " + tmp.file("d.json"));
+  EXPECT_EQ(other.exit_code, 2);
+  EXPECT_NE(other.err.find("stale or belongs to another workload"), std::string::npos) << other.err;
+  const auto flag =
+      test::run_cli("plan --from " + fj + " --min-energy --unit 0.002 --out " + tmp.file("e.json"));
+  EXPECT_EQ(flag.exit_code, 2);
+  EXPECT_NE(flag.err.find("--unit: not used with --from"), std::string::npos) << flag.err;
+  const auto late =
+      test::run_cli("plan --from " + fj + " --deadline 0.001 --out " + tmp.file("f.json"));
+  EXPECT_EQ(late.exit_code, 2);
+  EXPECT_NE(late.err.find("infeasible"), std::string::npos) << late.err;
+}
+
+}  // namespace
+}  // namespace kareus

@@ -1,0 +1,9 @@
+# Tests that take a minute or more in a release build (sweeps over the whole paper suite) get
+# the label `slow`; the sanitizer job in .ci/run skips them (ctest -LE slow), the release run
+# keeps them. Read by ctest after the discovered gtest tests (TEST_INCLUDE_FILES order); names
+# that no longer exist are ignored.
+set_tests_properties(
+  Plan.ReplayMatchesPredictionOnEveryPaperWorkload
+  Eval.PaperSuite
+  Plan.PerLayerNeverWorseAndReplays
+  PROPERTIES LABELS slow)

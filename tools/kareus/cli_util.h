@@ -1,0 +1,100 @@
+// Checks every verb applies to its flags before it loads, searches or profiles anything, and
+// the paths of the data shipped with the source tree. A flag that cannot work must fail at once
+// (exit 2, naming the flag, the value and what is allowed), not after a search of minutes.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "kareus/error.h"
+
+namespace kareus::cli {
+
+/// Formats a number for a message: 6 significant digits, so 1e308 never prints 309 digits.
+inline std::string num(double v) { return fmt::format("{:.6g}", v); }
+
+/// A CLI11 check that the value is a finite number in [lo, hi] (lo excluded when `strict_lo`);
+/// nan, inf and out-of-range literals (1e999) are refused. `what` names the unit, e.g.
+/// "seconds". Runs while the command line is parsed, so before any work.
+inline CLI::Validator finite_in(double lo, bool strict_lo, double hi, const std::string& what) {
+  const std::string allowed = fmt::format("a finite number of {} {} {} and <= {}", what,
+                                          strict_lo ? ">" : ">=", num(lo), num(hi));
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        const bool parsed = end != s.c_str() && *end == '\0' && errno != ERANGE;
+        if (parsed && std::isfinite(v) && (strict_lo ? v > lo : v >= lo) && v <= hi) return "";
+        return fmt::format("'{}' is not allowed: {}", s, allowed);
+      },
+      strict_lo ? fmt::format("in ({},{}]", num(lo), num(hi))
+                : fmt::format("in [{},{}]", num(lo), num(hi)));
+}
+
+/// A CLI11 check that the value is an integer in [lo, hi].
+inline CLI::Validator integer_in(long long lo, long long hi, const std::string& what) {
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const long long v = std::strtoll(s.c_str(), &end, 10);
+        if (end != s.c_str() && *end == '\0' && errno != ERANGE && v >= lo && v <= hi) return "";
+        return fmt::format("'{}' is not allowed: an integer number of {} in {}..{}", s, what, lo,
+                           hi);
+      },
+      fmt::format("in {}..{}", lo, hi));
+}
+
+/// Refuses an output file path that cannot be written: a directory, or a file in a folder that
+/// does not exist.
+inline void check_output_file(const std::string& flag, const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (path.empty()) throw InvalidInput(fmt::format("{} needs a file path", flag));
+  if (fs::is_directory(path, ec)) {
+    throw InvalidInput(
+        fmt::format("{} {}: is a directory; allowed: a file path to write", flag, path));
+  }
+  const fs::path parent = fs::path(path).parent_path();
+  if (!parent.empty() && !fs::is_directory(parent, ec)) {
+    throw InvalidInput(
+        fmt::format("{} {}: the folder {} does not exist; allowed: a file path in "
+                    "an existing folder",
+                    flag, path, parent.string()));
+  }
+}
+
+/// Refuses an output directory path that names an existing non-directory.
+inline void check_output_dir(const std::string& flag, const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_directory(path, ec)) {
+    throw InvalidInput(fmt::format(
+        "{} {}: exists and is not a directory; allowed: a directory (created if missing)", flag,
+        path));
+  }
+}
+
+/// Refuses an input file that does not exist or is a directory.
+inline void check_input_file(const std::string& flag, const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec) && !std::filesystem::is_fifo(path, ec)) {
+    throw InvalidInput(fmt::format("{} {}: no such file", flag, path));
+  }
+}
+
+/// A file or folder shipped with Kareus (workloads/, data/): relative to the current
+/// directory when it exists there, else in the source tree the binary was built from.
+inline std::string shipped_path(const std::string& rel) {
+  std::error_code ec;
+  if (std::filesystem::exists(rel, ec)) return rel;
+  return std::string(KAREUS_SOURCE_DIR) + "/" + rel;
+}
+
+}  // namespace kareus::cli
