@@ -20,6 +20,7 @@ ProcessResult run_process(const std::vector<std::string>& argv, const std::strin
     return r;
   }
   std::vector<char*> args;
+  args.reserve(argv.size() + 1);
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   posix_spawn_file_actions_t actions;

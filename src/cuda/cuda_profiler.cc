@@ -229,6 +229,7 @@ GroupExecutor& CudaProfiler::executor_for(int ranks) const {
 
 std::vector<nvml::Device*> CudaProfiler::nvml_devices(int ranks) const {
   std::vector<nvml::Device*> d;
+  d.reserve(static_cast<std::size_t>(ranks));
   for (int r = 0; r < ranks; ++r) d.push_back(&nvml_->device(nvml_index_[static_cast<size_t>(r)]));
   return d;
 }

@@ -423,7 +423,7 @@ std::string AttentionPath::fail(const StepError& e, const AttentionShape& s, Dir
           ? fmt::format(" ({}, groups {} x {} query heads, q_len {}, kv_len {}, head dim {})",
                         to_string(d), s.groups, s.q_heads_per_group, s.q_len, s.kv_len, s.head_dim)
           : std::string();
-  const std::string text = fmt::format(
+  std::string text = fmt::format(
       "kareus: warning: cuDNN fused attention{} failed at step '{}': {} (cuDNN status {}); "
       "attention runs on the fallback kernel from now on (measurements say attention=fallback)",
       where, e.step, e.status_text, e.status);

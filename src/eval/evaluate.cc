@@ -173,6 +173,7 @@ void make_plans(const Workload& w, const Planner& planner, const Frontiers& f,
 nlohmann::json frontier_plans_json(const Planner& /*planner*/, const Frontiers& f,
                                    const std::vector<Ref>& merged) {
   std::vector<FrontierRef> refs;
+  refs.reserve(merged.size());
   for (const Ref& r : merged) refs.push_back({r.m, r.i});
   return frontiers_to_json(f, refs);
 }
@@ -202,8 +203,9 @@ WorkloadEvaluation evaluate_workload(const Workload& w, CachedProfiler& profiler
   if (collect_frontier_plans) e.frontier_plans = frontier_plans_json(planner, f, merged);
   e.measured = planner.measurements();
   e.reused = planner.reused();
-  e.profiling_cost = estimate_profiling_cost(static_cast<std::size_t>(e.measured + e.reused),
-                                             w.cluster.gpus_per_node);
+  e.profiling_cost = estimate_profiling_cost(
+      static_cast<std::size_t>(e.measured) + static_cast<std::size_t>(e.reused),
+      w.cluster.gpus_per_node);
   e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return e;
 }

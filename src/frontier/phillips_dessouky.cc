@@ -772,6 +772,7 @@ double thread_cpu_s() {
 
 std::vector<FrontierPoint> pareto_frontier(const std::vector<FrontierPoint>& points) {
   std::vector<Point2> pts;
+  pts.reserve(points.size());
   for (const auto& p : points) pts.push_back({p.time_s, p.energy_j});
   std::vector<FrontierPoint> front;
   for (std::size_t i : pareto_front(pts)) front.push_back(points[i]);

@@ -129,6 +129,7 @@ std::vector<int> RankLayout::stage_ranks(int stage) const {
     throw InvalidInput(fmt::format("stage {}: allowed 0..{}", stage, pp - 1));
   }
   std::vector<int> out;
+  out.reserve(static_cast<std::size_t>(gpus_per_stage()));
   for (int i = 0; i < gpus_per_stage(); ++i) out.push_back(stage * gpus_per_stage() + i);
   return out;
 }

@@ -489,7 +489,8 @@ TEST(ClockSwitch, MinClockHoldOptionAndCli) {
   EXPECT_EQ(nlohmann::json::parse(r.out).at("clock_changes").get<int>(), 0);
   const auto show = test::run_cli("plan show " + tmp.file("h.json") + " --json --workload " + wl);
   ASSERT_EQ(show.exit_code, 0) << show.err;
-  for (const auto& st : nlohmann::json::parse(show.out).at("stages")) {
+  const auto shown = nlohmann::json::parse(show.out);
+  for (const auto& st : shown.at("stages")) {
     EXPECT_EQ(st.at("clock_runs").size(), 1u);
   }
   EXPECT_EQ(

@@ -10,7 +10,10 @@
 #include "kareus/nvml.h"
 #include "kareus/runtime.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+// Parses the command line and runs the controller; errors that end it propagate to main.
+int run(int argc, char** argv) {
   CLI::App app{
       "kareus-freqd: locks one GPU's SM clock to the targets a training process sends on stdin "
       "(native int32 MHz records, 0 = reset) and resets it on exit, on SIGTERM/SIGINT/SIGHUP "
@@ -45,8 +48,14 @@ int main(int argc, char** argv) {
     app.exit(e);
     return 2;
   }
+  return kareus::runtime::run_controller_daemon(o);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
   try {
-    return kareus::runtime::run_controller_daemon(o);
+    return run(argc, argv);
   } catch (const kareus::InvalidInput& e) {
     std::fprintf(stderr, "kareus-freqd: error: %s\n", e.what());
     return 2;
@@ -61,6 +70,9 @@ int main(int argc, char** argv) {
     return 3;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kareus-freqd: internal error: %s\n", e.what());
+    return 1;
+  } catch (...) {
+    std::fprintf(stderr, "kareus-freqd: internal error: unknown exception\n");
     return 1;
   }
 }

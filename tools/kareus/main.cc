@@ -10,7 +10,10 @@
 #include "kareus/error.h"
 #include "mpi_run.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+// Parses the command line and runs the chosen verb; errors that end the run propagate to main.
+int run(int argc, char** argv) {
   CLI::App app{
       "Kareus: joint frequency, SM-allocation and launch-timing planning that cuts the energy "
       "and time of large-model training.",
@@ -41,8 +44,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   kareus::cli::wrap_for_mpi(app, argc, argv, action);  // --mpi: docs/scale.md
+  return action ? action() : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
   try {
-    return action ? action() : 0;
+    return run(argc, argv);
   } catch (const kareus::InvalidInput& e) {
     std::fprintf(stderr, "kareus: error: %s\n", e.what());
     return 2;
@@ -51,6 +60,9 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kareus: internal error: %s\n", e.what());
+    return 1;
+  } catch (...) {
+    std::fprintf(stderr, "kareus: internal error: unknown exception\n");
     return 1;
   }
 }
