@@ -170,8 +170,7 @@ void make_plans(const Workload& w, const Planner& planner, const Frontiers& f,
 
 // Every method's frontier in compact form, the merged frontier as references to it
 // (frontier_file.h); `kareus plan --from` materializes plans on demand.
-nlohmann::json frontier_plans_json(const Planner& /*planner*/, const Frontiers& f,
-                                   const std::vector<Ref>& merged) {
+nlohmann::json frontier_plans_json(const Frontiers& f, const std::vector<Ref>& merged) {
   std::vector<FrontierRef> refs;
   refs.reserve(merged.size());
   for (const Ref& r : merged) refs.push_back({r.m, r.i});
@@ -200,7 +199,7 @@ WorkloadEvaluation evaluate_workload(const Workload& w, CachedProfiler& profiler
   const std::vector<Ref> merged = merge_kareus_frontier(f, e);
   const Chosen chosen = operating_points(e);
   make_plans(w, planner, f, merged, chosen, e);
-  if (collect_frontier_plans) e.frontier_plans = frontier_plans_json(planner, f, merged);
+  if (collect_frontier_plans) e.frontier_plans = frontier_plans_json(f, merged);
   e.measured = planner.measurements();
   e.reused = planner.reused();
   e.profiling_cost = estimate_profiling_cost(
