@@ -14,8 +14,11 @@
 // hardware slowdown and hardware power brake, which are transients a cool-down can clear.
 // Software power capping (0x4, sw_power_cap) is recorded in ProtocolResult.throttle_mask but does
 // not repeat a window: it is the normal steady state of GEMM-heavy work at top clock on A100/H100
-// and no cool-down removes it. A window whose clock moved under a power cap is still repeated by
-// the clock drift check.
+// and no cool-down removes it. A window whose clock fell below the expected clock while the card
+// reported sw_power_cap (and no transient reason) is accepted as power-capped: that is what the
+// clock setting yields on this card, locked or not, and repeating it cannot change it (seen on an
+// H200 at 1980 MHz: GEMM partitions at its 700 W limit ran at 1215-1770 MHz; docs/cuda.md). A
+// clock above the expected one, or a fall without the cap, is still repeated by the drift check.
 //
 // NVML's energy counter updates about every 100 ms, so windows under about 2 s are noisy; the
 // default 5 s window and 5 s cool-down are the artifact's.
@@ -100,7 +103,10 @@ struct ProtocolResult {
   int attempts = 0;                 ///< windows measured (1 when the first was stable)
   std::uint64_t throttle_mask = 0;  ///< every reason of the accepted window, sw_power_cap included
   bool stable = false;  ///< false: every attempt drifted or throttled; the last one is returned
-  std::string note;     ///< why windows were repeated, for logs
+  /// The accepted window ran below the expected clock under the card's power cap (see above);
+  /// clock_mhz..clock_max_mhz is the range it ran at.
+  bool power_capped = false;
+  std::string note;  ///< why windows were repeated, for logs
 };
 
 /// Measures one point. `expected_clock_mhz` 0 accepts whatever clock the device runs (the window

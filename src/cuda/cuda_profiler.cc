@@ -304,12 +304,15 @@ ProtocolResult CudaProfiler::measure_plan(const std::string& what, const Executi
                  "%s\n",
                  what.c_str(), last_.attempts, last_.note.c_str());
   }
-  if (!guard_) check_observed_clock(what, last_);
+  if (!guard_ && !copt_.report_clock_drift) check_observed_clock(what, last_);
   return last_;
 }
 
 void CudaProfiler::check_observed_clock(const std::string& what, const ProtocolResult& r) const {
   const int fixed = *fixed_clock_;
+  // Under the power cap the point belongs to the setting that produced it (the card would run a
+  // plan's kernels at that setting the same way); the clock range stays in the result.
+  if (r.power_capped) return;
   const int window = snap_to_clock_grid(gpu_, r.clock_mhz);
   const int steps = clock_grid_steps(gpu_, fixed, r.clock_mhz);
   if (steps == 0) return;

@@ -29,6 +29,10 @@ inline constexpr int kMaxClockGridSteps = 2;
 struct CudaOptions {
   bool proxy_collective = false;  ///< replace every collective by a copy on the same CTAs
   ProtocolOptions protocol;       ///< window_s and cooldown_s are taken from ProfilerOptions
+  /// The device check's mode: a window whose clock left the start-up clock (a card that lowers
+  /// its clock under its power cap does) is returned with its clock range instead of refused.
+  /// Nothing is stored in this mode, so no point can be filed under the wrong clock.
+  bool report_clock_drift = false;
 };
 
 class CudaProfiler : public Profiler {

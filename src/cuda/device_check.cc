@@ -14,6 +14,7 @@
 #include "cudnn_sdpa_backend.h"
 #include "kareus/emulator.h"
 #include "kareus/error.h"
+#include "kareus/nvml.h"
 #include "kareus/partition.h"
 #include "kareus/table.h"
 #include "kareus/workload.h"
@@ -65,8 +66,8 @@ std::string cross_check_attention(int device, nlohmann::json& j) {
 TextTable measure_partitions(const PartitionSet& ps, CudaProfiler& prof, const DeviceInfo& dev,
                              const std::string& mapped, int clock, nlohmann::json& j) {
   const EmulatorModel model(prof.gpu());
-  TextTable t({"partition", "time_s", "energy_j", "clock_mhz", "temp_c", "emulator time_s",
-               "emulator energy_j", "stable"});
+  TextTable t({"partition", "time_s", "energy_j", "power_w", "clock_mhz min..max", "reasons",
+               "temp_c", "emulator time_s", "emulator energy_j", "stable"});
   for (const Partition& p : ps.partitions) {
     PartitionConfig c;
     c.freq_mhz = clock;
@@ -74,20 +75,23 @@ TextTable measure_partitions(const PartitionSet& ps, CudaProfiler& prof, const D
     c.slot = p.slots.at(0).name;
     const Measurement m = prof.measure(p, c);
     const ProtocolResult& r = prof.last_result();
-    nlohmann::json row = {{"partition", p.key},
-                          {"collective", "proxy"},
-                          {"sms", c.sms},
-                          {"slot", c.slot},
-                          {"time_s", m.time_s},
-                          {"energy_j", m.energy_j},
-                          {"clock_mhz", r.clock_mhz},
-                          {"temperature_before_c", r.temperature_before_c},
-                          {"temperature_after_c", r.temperature_after_c},
-                          {"iterations", r.iterations},
-                          {"attempts", r.attempts},
-                          {"stable", r.stable},
-                          {"attention", sdpa::attention_path().backend()},
-                          {"note", r.note}};
+    nlohmann::json row = {
+        {"partition", p.key},
+        {"collective", "proxy"},
+        {"sms", c.sms},
+        {"slot", c.slot},
+        {"time_s", m.time_s},
+        {"energy_j", m.energy_j},
+        {"clock_mhz", r.clock_mhz},
+        {"clock_max_mhz", r.clock_max_mhz},
+        {"clock_event_reasons", nvml::ClockEventReasons{r.throttle_mask}.describe()},
+        {"temperature_before_c", r.temperature_before_c},
+        {"temperature_after_c", r.temperature_after_c},
+        {"iterations", r.iterations},
+        {"attempts", r.attempts},
+        {"stable", r.stable},
+        {"attention", sdpa::attention_path().backend()},
+        {"note", r.note}};
     std::string pred_t = "-", pred_e = "-";
     if (!mapped.empty()) {
       const SimResult s = model.simulate_partition(p, c);
@@ -99,9 +103,11 @@ TextTable measure_partitions(const PartitionSet& ps, CudaProfiler& prof, const D
     }
     j["partitions"].push_back(row);
     t.add_row({p.key, fmt::format("{:.5f}", m.time_s), fmt::format("{:.3f}", m.energy_j),
-               std::to_string(r.clock_mhz),
+               fmt::format("{:.0f}", m.energy_j / m.time_s),
+               fmt::format("{}..{}", r.clock_mhz, r.clock_max_mhz),
+               nvml::ClockEventReasons{r.throttle_mask}.describe(),
                fmt::format("{:.0f}->{:.0f}", r.temperature_before_c, r.temperature_after_c), pred_t,
-               pred_e, r.stable ? "yes" : "no"});
+               pred_e, r.stable ? (r.power_capped ? "capped" : "yes") : "no"});
   }
   return t;
 }
@@ -123,6 +129,7 @@ nlohmann::json run_device_check(const DeviceCheckOptions& o, std::ostream& table
   po.allow_clock_control = false;  // read-only NVML: the check never changes a card setting
   CudaOptions co;
   co.proxy_collective = true;
+  co.report_clock_drift = true;
   co.protocol.warmup_iterations = 5;
   co.protocol.calibration_iterations = 10;
   co.protocol.max_attempts = 2;

@@ -98,8 +98,12 @@ ProtocolResult run_protocol(MeasurementTarget& target, const ProtocolOptions& o,
     // With no expected clock the window must at least keep the clock it started with.
     const int reference = expected_clock_mhz > 0 ? expected_clock_mhz : clock_start;
     const int drift = std::max(std::abs(clock_lo - reference), std::abs(clock_hi - reference));
+    // A fall below the reference under the power cap alone is the setting's steady state.
+    r.power_capped = drift > o.max_clock_drift_mhz && (mask & nvml::kReasonSwPowerCap) != 0 &&
+                     (mask & kRepeatThrottleMask) == 0 &&
+                     clock_hi <= reference + o.max_clock_drift_mhz;
     std::string why;
-    if (drift > o.max_clock_drift_mhz) {
+    if (drift > o.max_clock_drift_mhz && !r.power_capped) {
       why = fmt::format("clock {}..{} MHz drifted {} MHz from {} MHz (allowed {})", clock_lo,
                         clock_hi, drift, reference, o.max_clock_drift_mhz);
     }

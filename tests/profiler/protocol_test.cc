@@ -214,6 +214,52 @@ TEST(Protocol, ThrottlingVisibleOnlyDuringTheWindowIsRepeated) {
       << q.note;
 }
 
+// The H200 device check (docs/cuda.md): GEMM windows at 1980 MHz fell to 1215-1770 MHz with
+// sw_power_cap raised. That is the setting's steady state: accepted at once, not repeated.
+TEST(Protocol, FallUnderThePowerCapIsAcceptedAsCapped) {
+  WindowSampledTarget t;
+  WindowObservation capped;
+  capped.samples = 20;
+  capped.first_clock_mhz = 1980;
+  capped.min_clock_mhz = 1215;
+  capped.max_clock_mhz = 1980;
+  capped.throttle_mask = nvml::kReasonSwPowerCap;
+  t.windows = {capped};
+  const auto r = run_protocol(t, {}, 1980);
+  EXPECT_TRUE(r.stable) << r.note;
+  EXPECT_TRUE(r.power_capped);
+  EXPECT_EQ(r.attempts, 1);
+  EXPECT_EQ(r.clock_mhz, 1215);
+  EXPECT_EQ(r.clock_max_mhz, 1980);
+  EXPECT_EQ(r.throttle_mask, nvml::kReasonSwPowerCap);
+
+  // The same fall without the cap is a drift: repeated, and not marked capped.
+  WindowSampledTarget u;
+  WindowObservation fell = capped;
+  fell.throttle_mask = 0;
+  WindowObservation steady = fell;
+  steady.min_clock_mhz = 1980;
+  u.windows = {fell, steady};
+  const auto q = run_protocol(u, {}, 1980);
+  EXPECT_TRUE(q.stable) << q.note;
+  EXPECT_FALSE(q.power_capped);
+  EXPECT_EQ(q.attempts, 2);
+
+  // Nor is a clock above the expected one, cap or not; nor a cap with a thermal slowdown.
+  for (const auto& [hi, mask] : {std::pair<int, std::uint64_t>{2040, nvml::kReasonSwPowerCap},
+                                 {1980, nvml::kReasonSwPowerCap | nvml::kReasonHwSlowdown}}) {
+    WindowSampledTarget v;
+    WindowObservation odd = capped;
+    odd.max_clock_mhz = hi;
+    odd.throttle_mask = mask;
+    v.windows = {odd, odd, odd};
+    const auto x = run_protocol(v, {}, 1980);
+    EXPECT_FALSE(x.stable) << hi << " " << mask;
+    EXPECT_FALSE(x.power_capped);
+    EXPECT_EQ(x.attempts, 3);
+  }
+}
+
 TEST(Protocol, ScriptedAlwaysThrottledEndsUnstable) {
   FakeTarget t;
   t.masks = {nvml::kReasonHwSlowdown, nvml::kReasonHwSlowdown, nvml::kReasonHwSlowdown,
