@@ -28,6 +28,15 @@ struct GpuSpec {
   double static_power_w = 0;            ///< power while blocked in a P2P receive (Kareus/Perseus)
   bool static_power_estimated = false;  ///< true where no measured figure is published
   double idle_power_w = 0;              ///< idle at the lowest clock
+  /// Whether the emulator's power model for this GPU was fitted to or validated on measurements
+  /// of this GPU (true) or is an estimate from published figures (false). Every output that
+  /// shows emulated energy for an uncalibrated GPU carries power_caveat().
+  bool power_calibrated = false;
+  /// Where the power parameters come from, one line, e.g. "fitted to A100 stage profiles
+  /// (Perseus, SOSP '24)" or "estimate: TDP and idle from the datasheet".
+  std::string power_source;
+  /// "" when power_calibrated, else one line a report prints next to emulated energies.
+  std::string power_caveat() const;
   /// Time (s) from requesting a new locked SM clock until kernels run at it; the planner and
   /// the iteration replay charge it as a stall at static power per clock change.
   double clock_switch_s = 0;

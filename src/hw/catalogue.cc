@@ -149,6 +149,14 @@ bool GpuSpec::supports_freq(int freq_mhz) const {
          (freq_mhz - min_freq_mhz) % freq_step_mhz == 0;
 }
 
+std::string GpuSpec::power_caveat() const {
+  if (power_calibrated) return "";
+  return fmt::format(
+      "{}: the emulator's power model is not calibrated on this GPU ({}); emulated energies are "
+      "estimates",
+      display_name, power_source.empty() ? "no measurements" : power_source);
+}
+
 std::string GpuSpec::supported_freqs_text() const {
   return fmt::format("{} supports {}..{} MHz in {} MHz steps", name, min_freq_mhz, max_freq_mhz,
                      freq_step_mhz);
