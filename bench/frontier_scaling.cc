@@ -4,10 +4,15 @@
 // on the emulator, shared store); only the solver is timed, in wall and CPU seconds (the CPU
 // time is what a shared, loaded machine does not distort).
 //
-// Usage: frontier_scaling [--max-pp N] [--max-mbs N] [--unit S]
+// Usage: frontier_scaling [--max-pp N] [--max-mbs N] [--unit S] [--dump DIR]
 // Rows use the unit S (default 1 ms) up to 256 pipeline-stage micro-batches (pp x micro-batches,
-// e.g. pp8 x 32) and 2 S above (pp8 x 64, pp16 x 32, pp16 x 64).
+// e.g. pp8 x 32) and 2 S above (pp8 x 64, pp16 x 32, pp16 x 64). --dump DIR also writes each
+// row's DAG to DIR/pp<P>_mb<M>.dag (text: "nodes N edges M gpus G static_power_w W", one line
+// per node "stage kind microbatch k t1 e1 ... tk ek", one line per edge "from to"; numbers in
+// shortest round-trip form), so that solvers can be compared on the same DAGs outside the
+// pipeline.
 #include <fmt/format.h>
+#include <fmt/os.h>
 
 #include <chrono>
 #include <cstdio>
@@ -16,9 +21,27 @@
 #include "kareus/emulator.h"
 #include "kareus/planner.h"
 
+namespace {
+
+void dump(const kareus::IterationDag& dag, const std::string& path) {
+  auto f = fmt::output_file(path);
+  f.print("nodes {} edges {} gpus {} static_power_w {}\n", dag.nodes.size(), dag.edges.size(),
+          dag.gpus, dag.static_power_w);
+  for (const auto& n : dag.nodes) {
+    f.print("{} {} {} {}", n.stage, kareus::to_string(n.instruction), n.microbatch,
+            n.options.size());
+    for (const auto& o : n.options) f.print(" {} {}", o.time_s, o.energy_j);
+    f.print("\n");
+  }
+  for (const auto& [a, b] : dag.edges) f.print("{} {}\n", a, b);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   int max_pp = 16, max_mbs = 64;
   double unit = 1e-3;
+  std::string dump_dir;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--max-pp" && i + 1 < argc)
@@ -27,8 +50,11 @@ int main(int argc, char** argv) {
       max_mbs = std::stoi(argv[++i]);
     else if (a == "--unit" && i + 1 < argc)
       unit = std::stod(argv[++i]);
+    else if (a == "--dump" && i + 1 < argc)
+      dump_dir = argv[++i];
     else {
-      fmt::print(stderr, "usage: frontier_scaling [--max-pp N] [--max-mbs N] [--unit S]\n");
+      fmt::print(stderr,
+                 "usage: frontier_scaling [--max-pp N] [--max-mbs N] [--unit S] [--dump DIR]\n");
       return 2;
     }
   }
@@ -71,6 +97,7 @@ int main(int argc, char** argv) {
       kareus::validate_workload(w);
       const double u = pp * mbs > 256 ? 2 * unit : unit;
       const auto r = run(w, u);
+      if (!dump_dir.empty()) dump(r.dag, fmt::format("{}/pp{}_mb{}.dag", dump_dir, pp, mbs));
       fmt::print("| {} | {} | {} | {} | {:g} | {} | {} | {:.3f} | {:.3f} | {:.4f} |\n", pp, mbs,
                  r.dag.nodes.size(), r.dag.edges.size(), u * 1e3, r.stats.iterations,
                  r.points.size(), r.stats.seconds, r.stats.cpu_seconds,

@@ -90,4 +90,15 @@ inline ProfilerOptions emulator_options(const std::string& gpu, double noise = 0
   return o;
 }
 
+inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+/// A job that cannot fit: Llama 3.3 70B on 8 A40, TP8 PP1, micro-batch 8, sequence 8192.
+inline constexpr const char* kSeventyBOnA40 = R"(model: llama3.3-70b
+gpu: a40
+cluster: {nodes: 1, gpus_per_node: 8}
+parallel: {tp: 8, pp: 1}
+batch: {micro_batch: 8, seq_len: 8192, micro_batches: 8}
+recompute: full
+)";
+
 }  // namespace kareus::test

@@ -1,8 +1,10 @@
 // End-to-end evaluation of one workload, as in the paper's evaluation (Wu, Chung, Chowdhury, OSDI
 // '26): Kareus against Megatron-LM, Perseus, Nanobatching and Nanobatching + Perseus, and two
 // ablations, every method through the same composition and frontier solver on the same
-// measurements. Kareus's reported frontier never loses to a baseline: where a baseline plan is
-// better, Kareus falls back to it and says so.
+// measurements. Two Kareus frontiers are reported: its own (kareus_only) and the one a user
+// gets, merged with Perseus's and Nanobatching+Perseus's plans where those are better (kareus);
+// every merged point that is a baseline's plan is labelled so ("Kareus (Perseus plan)"), and
+// own_losses records where Kareus's own frontier loses to each baseline.
 #pragma once
 
 #include <map>
@@ -10,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kareus/frontier_file.h"
 #include "kareus/metrics.h"
 #include "kareus/planner.h"
 #include "kareus/profiling_cost.h"
@@ -21,6 +24,27 @@ struct FrontierSummaryPoint {
   double energy_j = 0;
   std::string method;  ///< which method's plan (for Kareus's merged frontier)
 };
+
+/// The label of a Kareus operating point whose plan comes from `method` (to_string(Method)):
+/// "Kareus" for its own plans, "Kareus (Perseus plan)" or "Kareus (Nanobatching+Perseus plan)"
+/// where it fell back to a baseline's.
+std::string kareus_plan_label(const std::string& method);
+
+/// Where Kareus's own frontier loses to a baseline. Both are compared at every deadline both can
+/// meet: each point time of either frontier from the later of the two fastest times on (above a
+/// frontier's slowest point, its best is its least-energy point). A deadline is lost when the
+/// best own energy within it exceeds the baseline's by more than 1e-9 relative.
+struct FrontierLoss {
+  std::string baseline;         ///< method name, e.g. "perseus"
+  int deadlines = 0;            ///< deadlines compared
+  int lost = 0;                 ///< of those, where Kareus's own frontier needs more energy
+  double worst_excess_pct = 0;  ///< largest energy excess over the baseline (%), 0 if none lost
+  double from_s = 0, to_s = 0;  ///< the first and last lost deadline (0 if none)
+};
+/// Compares `own` with `baseline` (points as in WorkloadEvaluation) as FrontierLoss describes.
+FrontierLoss frontier_loss(const std::vector<FrontierSummaryPoint>& own,
+                           const std::vector<FrontierSummaryPoint>& baseline,
+                           const std::string& baseline_name);
 
 struct ReplayCheck {
   std::string plan;
@@ -52,6 +76,22 @@ struct WorkloadEvaluation {
   FrontierSummaryPoint nanobatch;
   bool fallback = false;  ///< some Kareus operating point is a baseline's plan
   std::string fallback_note;
+  /// Kareus's own frontier against Perseus and Nanobatching+Perseus (in that order).
+  std::vector<FrontierLoss> own_losses;
+  /// Kareus's own iso-time point (least energy no slower than Perseus's fastest), if its
+  /// frontier has one, and its saving against Perseus's fastest (%).
+  bool own_has_iso_time = false;
+  FrontierSummaryPoint own_iso_time_point;
+  double own_iso_time_energy_saving_pct = 0;
+  /// Set when Kareus's own slowest plan is faster than Perseus's fastest: iso-time then
+  /// compares plans of different speeds, and the report says so next to the iso-time figure.
+  std::string iso_time_note;
+  /// Other things a reader must know, one sentence each (e.g. overlap needs micro-batch >= 2).
+  std::vector<std::string> notes;
+  // The workload's GPU power model (GpuSpec::power_calibrated, power_source, power_caveat()).
+  bool power_calibrated = false;
+  std::string power_source;
+  std::string power_caveat;
   // Metrics (percent).
   double iso_time_energy_saving_pct = 0;
   double iso_energy_time_saving_pct = 0;
@@ -74,6 +114,21 @@ struct WorkloadEvaluation {
     return throughput_metrics(job, p.iteration_time_s, p.energy_j);
   }
 };
+
+/// Fills e.own_losses, the own iso-time point and e.iso_time_note from e.kareus_only, e.perseus
+/// and e.nanobatch_perseus (each non-empty, fastest first): Kareus's own frontier without the
+/// fallback, against the baselines.
+void compare_own_frontier(WorkloadEvaluation& e);
+
+/// {"calibrated": bool, "source": "..."}: the "power_model" field of every --json output and
+/// file that shows emulated energy.
+nlohmann::json power_model_json(const GpuSpec& gpu);
+
+/// Kareus's frontier as a user gets it, the one rule `kareus optimize`, `eval` and `kareus plan`
+/// share: the Pareto set of Kareus's own points and of Perseus's and Nanobatching+Perseus's
+/// (where a baseline's plan is better, Kareus falls back to it), as references into `f`
+/// (which must hold those three methods), in the order pareto_front returns them.
+std::vector<FrontierRef> merge_with_fallbacks(const std::map<Method, MethodFrontier>& f);
 
 /// Runs the whole pipeline and every baseline for one workload.
 WorkloadEvaluation evaluate_workload(const Workload& w, CachedProfiler& profiler,

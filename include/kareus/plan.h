@@ -118,6 +118,9 @@ struct Plan {
   int gpus = 0;
   RankLayout layout;
   std::string method;  ///< kareus, perseus, nanobatch_perseus, ...
+  /// What a person calls the plan: the method's display name, or, where Kareus fell back to a
+  /// baseline's plan, e.g. "Kareus (Perseus plan)" (method then names the baseline).
+  std::string label;
   ExecutionMode execution = ExecutionMode::kOverlapped;
   std::string goal;             ///< e.g. "deadline 5.0 s", "max-throughput"
   double iteration_time_s = 0;  ///< predicted, clock-switch stalls included
@@ -125,6 +128,14 @@ struct Plan {
   double static_power_w = 0;
   double clock_switch_s = 0;    ///< stall per clock change assumed by the prediction
   double min_clock_hold_s = 0;  ///< planning option the clock sequence was built with
+  /// For a deadline goal: the relative margin the prediction had to keep below the deadline
+  /// (`kareus plan --margin`), and the iteration time the emulator replayed; negative: no
+  /// deadline goal (neither is written).
+  double deadline_margin = -1;
+  double replayed_time_s = -1;
+  /// The GPU's power model (GpuSpec::power_calibrated, power_source) the energies come from.
+  bool power_calibrated = false;
+  std::string power_source;
   std::vector<PlanStage> stages;
 
   nlohmann::json to_json() const;

@@ -29,6 +29,8 @@ enum class Method {
   kMegatron,          ///< sequential kernels, maximum clock
 };
 const char* to_string(Method m);
+/// The name a person reads: "Kareus", "Perseus", "Nanobatching+Perseus", "Megatron-LM", ...
+const char* display_name(Method m);
 Method method_from_string(const std::string& name);  ///< throws InvalidInput listing names
 
 struct PlannerOptions {

@@ -45,7 +45,9 @@ struct BatchConfig {
   int micro_batch = 1;  ///< sequences per micro-batch
   int seq_len = 0;
   int micro_batches = 1;  ///< micro-batches per iteration (per data-parallel replica)
-  int nano_batches = 2;   ///< 1 disables nano-batching; 2 is the Kareus execution model
+  /// 1 disables nano-batching (frequency-only planning); 2 is the Kareus execution model. The
+  /// file's default is 2, or 1 when micro_batch is 1 (one sequence cannot be split).
+  int nano_batches = 2;
 };
 
 enum class Recompute { kNone, kFull };
@@ -59,11 +61,44 @@ struct Workload {
   ParallelConfig parallel;
   BatchConfig batch;
   Recompute recompute = Recompute::kFull;
+  /// The file marks the job as a what-if emulation (`what_if: true`): it need not fit the GPU's
+  /// memory (e.g. the paper's 70B workloads on 16 A100 40GB, which the paper only emulated).
+  bool what_if = false;
 
   const GpuSpec& gpu() const { return gpu_by_name(gpu_name); }
   /// Tokens processed per iteration by the whole job (all data-parallel replicas).
   double tokens_per_iteration() const;
 };
+
+/// Per-GPU memory of a training job, in bytes, for the pipeline stage that needs the most
+/// (src/workload/memory.cc gives the formulas and their sources). It is a lower bound: CUDA
+/// context, NCCL buffers, the allocator's fragmentation and temporary buffers are not counted,
+/// so a job over the GPU's memory by this estimate cannot run, while one under it may still not.
+struct MemoryEstimate {
+  int stage = 0;                           ///< the stage the figures are for (the largest)
+  double parameters = 0;                   ///< parameters held by one GPU of that stage (count)
+  double weights_bytes = 0;                ///< bf16 weights, 2 bytes per parameter
+  double gradients_bytes = 0;              ///< bf16 gradients, 2 bytes per parameter
+  double optimizer_bytes = 0;              ///< Adam in fp32 (master weights, m, v): 12 B/param
+  double optimizer_distributed_bytes = 0;  ///< the same sharded over dp (distributed optimizer)
+  double activations_bytes = 0;            ///< stored activations under the recompute policy
+  int inflight_microbatches = 0;           ///< micro-batches whose activations 1F1B keeps at once
+  double hbm_bytes = 0;                    ///< the GPU's memory
+  /// weights + gradients + optimizer + activations, without and with a distributed optimizer.
+  double total_bytes() const;
+  double total_distributed_bytes() const;
+  /// Whether the job fits with the distributed optimizer (the smaller of the two totals).
+  bool fits() const { return total_distributed_bytes() <= hbm_bytes; }
+};
+/// Memory capacity of a catalogue GPU in bytes (datasheet figures; memory.cc cites them).
+double gpu_memory_bytes(const std::string& gpu_name);
+MemoryEstimate estimate_memory(const Workload& w);
+/// Throws InvalidInput naming the workload file and every figure of estimate_memory unless the
+/// job fits or the file is marked `what_if: true`.
+void require_memory_fit(const Workload& w);
+/// Warnings a person should see before planning (e.g. micro_batches < pp leaves stages idle);
+/// empty when there are none. One line each, without a trailing newline.
+std::vector<std::string> workload_warnings(const Workload& w);
 
 /// Model presets: llama3.2-3b, qwen3-1.7b, llama3.3-70b. Throws InvalidInput on unknown name.
 ModelConfig model_preset(const std::string& name);

@@ -67,16 +67,8 @@ Frontiers method_frontiers(const Workload& w, Planner& planner) {
 // Kareus's frontier: its own plans, or a baseline's where that is better (fallback). Fills
 // e.kareus and the fallback fields; returns where each merged point comes from.
 std::vector<Ref> merge_kareus_frontier(const Frontiers& f, WorkloadEvaluation& e) {
-  std::vector<Ref> refs;
-  std::vector<Point2> pts;
-  for (Method m : {Method::kKareus, Method::kPerseus, Method::kNanobatchPerseus}) {
-    for (std::size_t i = 0; i < f.at(m).points.size(); ++i) {
-      refs.push_back({m, i});
-      pts.push_back({f.at(m).points[i].time_s, f.at(m).points[i].energy_j});
-    }
-  }
   std::vector<Ref> merged;
-  for (std::size_t k : pareto_front(pts)) merged.push_back(refs[k]);
+  for (const FrontierRef& r : merge_with_fallbacks(f)) merged.push_back({r.method, r.index});
   int from_baseline = 0;
   double lo = 1e300, hi = 0;
   for (const auto& r : merged) {
@@ -92,11 +84,106 @@ std::vector<Ref> merge_kareus_frontier(const Frontiers& f, WorkloadEvaluation& e
   if (e.fallback) {
     e.fallback_note = fmt::format(
         "overlap does not pay off everywhere: {} of {} frontier points are baseline plans "
-        "(iteration times {:.3f}..{:.3f} s); Kareus falls back to them there",
+        "(iteration times {:.3f}..{:.3f} s); Kareus falls back to them there and labels them "
+        "\"Kareus (<baseline> plan)\"",
         from_baseline, merged.size(), lo, hi);
   }
   return merged;
 }
+
+}  // namespace
+
+// Where Kareus's own frontier stands against the baselines, without the fallback: its losses,
+// its own iso-time point, and whether it is entirely faster than Perseus.
+void compare_own_frontier(WorkloadEvaluation& e) {
+  e.own_losses = {frontier_loss(e.kareus_only, e.perseus, "perseus"),
+                  frontier_loss(e.kareus_only, e.nanobatch_perseus, "nanobatch_perseus")};
+  const double t_ref = e.perseus.front().iteration_time_s;
+  for (const auto& p : e.kareus_only) {
+    if (p.iteration_time_s <= t_ref * (1 + 1e-9) &&
+        (!e.own_has_iso_time || p.energy_j < e.own_iso_time_point.energy_j)) {
+      e.own_iso_time_point = p;
+      e.own_has_iso_time = true;
+    }
+  }
+  if (e.own_has_iso_time) {
+    e.own_iso_time_energy_saving_pct =
+        pct(e.perseus.front().energy_j, e.own_iso_time_point.energy_j);
+  }
+  double own_slowest = 0;
+  for (const auto& p : e.kareus_only) own_slowest = std::max(own_slowest, p.iteration_time_s);
+  if (own_slowest < t_ref) {
+    e.iso_time_note = fmt::format(
+        "Kareus's slowest own plan ({:.3f} s) is faster than Perseus's fastest ({:.3f} s): "
+        "iso-time compares a faster plan with Perseus's, so part of the energy difference is "
+        "time, not efficiency",
+        own_slowest, t_ref);
+  }
+}
+
+std::string kareus_plan_label(const std::string& method) {
+  if (method == to_string(Method::kKareus)) return "Kareus";
+  return fmt::format("Kareus ({} plan)", display_name(method_from_string(method)));
+}
+
+FrontierLoss frontier_loss(const std::vector<FrontierSummaryPoint>& own,
+                           const std::vector<FrontierSummaryPoint>& baseline,
+                           const std::string& baseline_name) {
+  FrontierLoss l;
+  l.baseline = baseline_name;
+  if (own.empty() || baseline.empty()) return l;
+  auto fastest = [](const std::vector<FrontierSummaryPoint>& v) {
+    double t = 1e300;
+    for (const auto& p : v) t = std::min(t, p.iteration_time_s);
+    return t;
+  };
+  auto best = [](const std::vector<FrontierSummaryPoint>& v, double deadline) {
+    double e = 1e300;
+    for (const auto& p : v) {
+      if (p.iteration_time_s <= deadline) e = std::min(e, p.energy_j);
+    }
+    return e;
+  };
+  const double lo = std::max(fastest(own), fastest(baseline));
+  std::vector<double> deadlines;
+  for (const auto* v : {&own, &baseline}) {
+    for (const auto& p : *v) {
+      if (p.iteration_time_s >= lo) deadlines.push_back(p.iteration_time_s);
+    }
+  }
+  std::sort(deadlines.begin(), deadlines.end());
+  deadlines.erase(std::unique(deadlines.begin(), deadlines.end()), deadlines.end());
+  for (const double d : deadlines) {
+    ++l.deadlines;
+    const double eo = best(own, d), eb = best(baseline, d);
+    if (eo <= eb * (1 + 1e-9)) continue;
+    if (l.lost == 0) l.from_s = d;
+    l.to_s = d;
+    ++l.lost;
+    l.worst_excess_pct = std::max(l.worst_excess_pct, 100.0 * (eo / eb - 1.0));
+  }
+  return l;
+}
+
+std::vector<FrontierRef> merge_with_fallbacks(const std::map<Method, MethodFrontier>& f) {
+  std::vector<FrontierRef> refs;
+  std::vector<Point2> pts;
+  for (Method m : {Method::kKareus, Method::kPerseus, Method::kNanobatchPerseus}) {
+    for (std::size_t i = 0; i < f.at(m).points.size(); ++i) {
+      refs.push_back({m, i});
+      pts.push_back({f.at(m).points[i].time_s, f.at(m).points[i].energy_j});
+    }
+  }
+  std::vector<FrontierRef> merged;
+  for (std::size_t k : pareto_front(pts)) merged.push_back(refs[k]);
+  return merged;
+}
+
+nlohmann::json power_model_json(const GpuSpec& gpu) {
+  return {{"calibrated", gpu.power_calibrated}, {"source", gpu.power_source}};
+}
+
+namespace {
 
 // Indices into the merged frontier of the four written plans.
 struct Chosen {
@@ -157,6 +244,7 @@ void make_plans(const Workload& w, const Planner& planner, const Frontiers& f,
   for (const auto& [name, k] : chosen) {
     const Ref& r = merged[k];
     Plan p = planner.make_plan(f.at(r.m), r.i, name);
+    p.label = kareus_plan_label(to_string(r.m));
     // Replayed with the switch cost the plan was made with (the GPU's, unless overridden).
     const IterationResult rep = emulate_iteration(
         w, model, p.execution,
@@ -196,7 +284,19 @@ WorkloadEvaluation evaluate_workload(const Workload& w, CachedProfiler& profiler
   e.kareus_max_clock = summary(f.at(Method::kKareusMaxClock));
   e.megatron = summary(f.at(Method::kMegatron)).front();
   e.nanobatch = summary(f.at(Method::kNanobatch)).front();
+  const GpuSpec& gpu = w.gpu();
+  e.power_calibrated = gpu.power_calibrated;
+  e.power_source = gpu.power_source;
+  e.power_caveat = gpu.power_caveat();
+  if (w.batch.nano_batches == 1) {
+    e.notes.push_back(fmt::format(
+        "micro-batch {} runs as one nano-batch, so nothing overlaps: Kareus planned the SM clock "
+        "only (Perseus-style), and Nanobatching's rows equal Megatron-LM's and Perseus's; "
+        "overlap needs a micro-batch of at least 2",
+        w.batch.micro_batch));
+  }
   const std::vector<Ref> merged = merge_kareus_frontier(f, e);
+  compare_own_frontier(e);
   const Chosen chosen = operating_points(e);
   make_plans(w, planner, f, merged, chosen, e);
   if (collect_frontier_plans) e.frontier_plans = frontier_plans_json(f, merged);
@@ -216,10 +316,12 @@ nlohmann::json points_json(const std::vector<FrontierSummaryPoint>& v) {
     a.push_back({{"iteration_time_s", p.iteration_time_s}, {"energy_j", p.energy_j}});
   return a;
 }
-nlohmann::json point_json(const FrontierSummaryPoint& p, const WorkloadEvaluation& e) {
+nlohmann::json point_json(const FrontierSummaryPoint& p, const WorkloadEvaluation& e,
+                          const std::string& label) {
   return {{"iteration_time_s", p.iteration_time_s},
           {"energy_j", p.energy_j},
           {"method", p.method},
+          {"label", label},
           {"metrics", to_json(e.metrics(p))}};
 }
 }  // namespace
@@ -239,7 +341,30 @@ nlohmann::json to_json(const WorkloadEvaluation& e, bool with_plans) {
   j["kareus"] = points_json(e.kareus);
   j["kareus_methods"] = nlohmann::json::array();
   for (const auto& p : e.kareus) j["kareus_methods"].push_back(p.method);
+  j["kareus_labels"] = nlohmann::json::array();
+  for (const auto& p : e.kareus) j["kareus_labels"].push_back(kareus_plan_label(p.method));
   j["kareus_without_fallback"] = points_json(e.kareus_only);
+  nlohmann::json own;
+  own["iso_time_s"] = e.own_has_iso_time ? nlohmann::json(e.own_iso_time_point.iteration_time_s)
+                                         : nlohmann::json(nullptr);
+  own["iso_time_energy_j"] =
+      e.own_has_iso_time ? nlohmann::json(e.own_iso_time_point.energy_j) : nlohmann::json(nullptr);
+  own["iso_time_energy_saving_pct"] = e.own_has_iso_time
+                                          ? nlohmann::json(e.own_iso_time_energy_saving_pct)
+                                          : nlohmann::json(nullptr);
+  own["iso_time_note"] = e.iso_time_note;
+  own["losses"] = nlohmann::json::array();
+  for (const auto& l : e.own_losses) {
+    own["losses"].push_back({{"baseline", l.baseline},
+                             {"deadlines", l.deadlines},
+                             {"lost", l.lost},
+                             {"worst_excess_pct", l.worst_excess_pct},
+                             {"from_s", l.from_s},
+                             {"to_s", l.to_s}});
+  }
+  j["own_frontier"] = std::move(own);
+  j["notes"] = e.notes;
+  j["power_model"] = {{"calibrated", e.power_calibrated}, {"source", e.power_source}};
   j["perseus"] = points_json(e.perseus);
   j["nanobatch_perseus"] = points_json(e.nanobatch_perseus);
   j["kareus_max_clock"] = points_json(e.kareus_max_clock);
@@ -249,10 +374,13 @@ nlohmann::json to_json(const WorkloadEvaluation& e, bool with_plans) {
   j["nanobatch"] = {{"iteration_time_s", e.nanobatch.iteration_time_s},
                     {"energy_j", e.nanobatch.energy_j},
                     {"metrics", to_json(e.metrics(e.nanobatch))}};
-  j["operating_points"] = {{"perseus_fastest", point_json(e.perseus_fastest, e)},
-                           {"perseus_min_energy", point_json(e.perseus_min_energy, e)},
-                           {"kareus_iso_time", point_json(e.iso_time_point, e)},
-                           {"kareus_iso_energy", point_json(e.iso_energy_point, e)}};
+  j["operating_points"] = {
+      {"perseus_fastest", point_json(e.perseus_fastest, e, "Perseus")},
+      {"perseus_min_energy", point_json(e.perseus_min_energy, e, "Perseus")},
+      {"kareus_iso_time",
+       point_json(e.iso_time_point, e, kareus_plan_label(e.iso_time_point.method))},
+      {"kareus_iso_energy",
+       point_json(e.iso_energy_point, e, kareus_plan_label(e.iso_energy_point.method))}};
   j["job"] = to_json(e.job);  // what the metrics divide by
   j["plan_metrics"] = nlohmann::json::object();
   for (const auto& [name, p] : e.plans) {
@@ -269,7 +397,9 @@ nlohmann::json to_json(const WorkloadEvaluation& e, bool with_plans) {
                                             {"coverage_points", s.coverage_points}});
   }
   for (const auto& r : e.replays) {
+    const auto plan = e.plans.find(r.plan);
     j["replay"].push_back({{"plan", r.plan},
+                           {"label", plan == e.plans.end() ? "" : plan->second.label},
                            {"predicted_time_s", r.predicted_time_s},
                            {"emulated_time_s", r.emulated_time_s},
                            {"predicted_energy_j", r.predicted_energy_j},

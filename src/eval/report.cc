@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <set>
 
 #include "kareus/evaluate.h"
 #include "kareus/table.h"
@@ -30,25 +31,41 @@ const FrontierSummaryPoint& cheapest(const std::vector<FrontierSummaryPoint>& v)
                            [](const auto& a, const auto& b) { return a.energy_j < b.energy_j; });
 }
 
-// The rows of the comparison table: method, plan, point.
+// The rows of the comparison table: method, plan, point. Kareus's rows carry the label of the
+// method whose plan they are ("Kareus (Perseus plan)" where it fell back); the rows "Kareus own"
+// are its own frontier without the fallback.
 struct Row {
-  const char* method;
-  const char* plan;
+  std::string method;
+  std::string plan;
   FrontierSummaryPoint point;
 };
 
 std::vector<Row> comparison_rows(const WorkloadEvaluation& e) {
-  return {{"Megatron-LM", "max clock", e.megatron},
-          {"Nanobatching", "max clock", e.nanobatch},
-          {"Perseus", "fastest", fastest(e.perseus)},
-          {"Perseus", "min energy", cheapest(e.perseus)},
-          {"Nanobatching+Perseus", "fastest", fastest(e.nanobatch_perseus)},
-          {"Nanobatching+Perseus", "min energy", cheapest(e.nanobatch_perseus)},
-          {"Kareus", "fastest", fastest(e.kareus)},
-          {"Kareus", "iso-time", e.iso_time_point},
-          {"Kareus", "iso-energy", e.iso_energy_point},
-          {"Kareus", "min energy", cheapest(e.kareus)},
-          {"Kareus w/o freq. scaling", "fastest", fastest(e.kareus_max_clock)}};
+  auto kareus = [](const FrontierSummaryPoint& p) { return kareus_plan_label(p.method); };
+  std::vector<Row> rows = {{"Megatron-LM", "max clock", e.megatron},
+                           {"Nanobatching", "max clock", e.nanobatch},
+                           {"Perseus", "fastest", fastest(e.perseus)},
+                           {"Perseus", "min energy", cheapest(e.perseus)},
+                           {"Nanobatching+Perseus", "fastest", fastest(e.nanobatch_perseus)},
+                           {"Nanobatching+Perseus", "min energy", cheapest(e.nanobatch_perseus)},
+                           {kareus(fastest(e.kareus)), "fastest", fastest(e.kareus)},
+                           {kareus(e.iso_time_point), "iso-time", e.iso_time_point},
+                           {kareus(e.iso_energy_point), "iso-energy", e.iso_energy_point},
+                           {kareus(cheapest(e.kareus)), "min energy", cheapest(e.kareus)}};
+  if (e.fallback) {
+    // The merged rows above include baseline plans: show Kareus's own frontier beside them.
+    rows.push_back({"Kareus own", "fastest", fastest(e.kareus_only)});
+    if (e.own_has_iso_time) rows.push_back({"Kareus own", "iso-time", e.own_iso_time_point});
+    rows.push_back({"Kareus own", "min energy", cheapest(e.kareus_only)});
+  }
+  rows.push_back({"Kareus w/o freq. scaling", "fastest", fastest(e.kareus_max_clock)});
+  return rows;
+}
+
+// One line under every table of emulated energies: whether the GPU's power model is calibrated.
+std::string power_model_line(const WorkloadEvaluation& e) {
+  if (e.power_calibrated) return fmt::format("power model: calibrated ({})\n", e.power_source);
+  return fmt::format("power model: NOT calibrated: {}\n", e.power_caveat);
 }
 
 }  // namespace
@@ -67,7 +84,7 @@ std::string comparison_table(const WorkloadEvaluation& e) {
                fmt::format("{:.1f}%", 100 * m.mfu), format_energy(m.energy_per_token_j),
                fmt::format("{:.0f}", m.avg_power_per_gpu_w)});
   }
-  return t.render();
+  return t.render() + power_model_line(e);
 }
 
 namespace {
@@ -76,6 +93,10 @@ std::string metrics_table(const WorkloadEvaluation& e) {
   std::string s = "| metric | this run | paper (best case, OSDI '26) |\n| --- | --- | --- |\n";
   s += fmt::format("| iso-time energy saving vs Perseus | {:.2f}% | up to {}% |\n",
                    e.iso_time_energy_saving_pct, PaperHeadline::iso_time_energy_saving_pct);
+  s += fmt::format("| iso-time energy saving vs Perseus, Kareus's own frontier only | {} | - |\n",
+                   e.own_has_iso_time ? fmt::format("{:.2f}%", e.own_iso_time_energy_saving_pct)
+                                      : std::string("no own plan that fast"));
+  if (!e.iso_time_note.empty()) s += fmt::format("| iso-time caveat | {} | - |\n", e.iso_time_note);
   s += fmt::format("| iso-energy time saving vs Perseus | {:.2f}% | up to {}% |\n",
                    e.iso_energy_time_saving_pct, PaperHeadline::iso_energy_time_saving_pct);
   s += fmt::format("| max-throughput time saving vs Megatron-LM | {:.2f}% | up to {}% |\n",
@@ -105,15 +126,34 @@ std::string metrics_definitions(const WorkloadEvaluation& e) {
       j.peak_flops_per_gpu / 1e12);
 }
 
+// Kareus's own frontier (without falling back to the baselines) against each baseline.
+std::string own_frontier_section(const WorkloadEvaluation& e) {
+  std::string s =
+      "### Kareus's own frontier against the baselines\n\nWithout the fallback: at every deadline "
+      "both frontiers can meet (each point time of either, from the later fastest time on), does "
+      "Kareus's own least energy exceed the baseline's?\n\n"
+      "| baseline | deadlines compared | Kareus loses at | worst energy excess | lost range (s) "
+      "|\n| --- | --- | --- | --- | --- |\n";
+  for (const auto& l : e.own_losses) {
+    s += fmt::format("| {} | {} | {} | {:.2f}% | {} |\n",
+                     display_name(method_from_string(l.baseline)), l.deadlines, l.lost,
+                     l.worst_excess_pct,
+                     l.lost ? fmt::format("{:.3f}..{:.3f}", l.from_s, l.to_s) : "-");
+  }
+  return s + "\n";
+}
+
 std::string replay_table(const WorkloadEvaluation& e) {
   std::string s =
       "| plan | predicted time (s) | emulated time (s) | error | predicted energy (J) | emulated "
-      "energy (J) | error |\n"
-      "| --- | --- | --- | --- | --- | --- | --- |\n";
+      "energy (J) | error | whose plan |\n"
+      "| --- | --- | --- | --- | --- | --- | --- | --- |\n";
   for (const auto& r : e.replays) {
-    s += fmt::format("| {} | {:.4f} | {:.4f} | {:+.2f}% | {:.1f} | {:.1f} | {:+.2f}% |\n", r.plan,
-                     r.predicted_time_s, r.emulated_time_s, 100 * r.time_error(),
-                     r.predicted_energy_j, r.emulated_energy_j, 100 * r.energy_error());
+    const auto plan = e.plans.find(r.plan);
+    s += fmt::format("| {} | {:.4f} | {:.4f} | {:+.2f}% | {:.1f} | {:.1f} | {:+.2f}% | {} |\n",
+                     r.plan, r.predicted_time_s, r.emulated_time_s, 100 * r.time_error(),
+                     r.predicted_energy_j, r.emulated_energy_j, 100 * r.energy_error(),
+                     plan == e.plans.end() ? "" : plan->second.label);
   }
   return s;
 }
@@ -143,6 +183,10 @@ std::string workload_report(const WorkloadEvaluation& e, const std::string& png_
        " GPUs) per training iteration, static "
        "energy included. Every method ran through the same composition and frontier solver on the "
        "same measurements.\n\n";
+  s += e.power_calibrated
+           ? fmt::format("Power model: calibrated for this GPU ({}).\n\n", e.power_source)
+           : fmt::format("**Power model: NOT calibrated for this GPU.** {}\n\n", e.power_caveat);
+  for (const auto& n : e.notes) s += fmt::format("**Note:** {}.\n\n", n);
   s += "## Profiling cost\n\n";
   s += fmt::format(
       "{} configurations profiled ({} measured in this run, {} from the profile store). On real "
@@ -156,6 +200,7 @@ std::string workload_report(const WorkloadEvaluation& e, const std::string& png_
   s += metrics_table(e);
   s += fmt::format("\nfallback: {}{}\n\n", e.fallback ? "yes" : "no",
                    e.fallback ? " (" + e.fallback_note + ")" : "");
+  s += own_frontier_section(e);
   if (!png_name.empty()) {
     s += fmt::format(
         "![time-energy frontiers]({})\n\nThe four written plans (`plans/`) are marked on "
@@ -174,27 +219,37 @@ namespace {
 std::string savings_table(const std::vector<WorkloadEvaluation>& all) {
   std::string s =
       "| workload | iso-time energy saving | iso-energy time saving | max-throughput time saving "
-      "| max-throughput energy saving | no freq. scaling | no scheduling | fallback |\n"
-      "| --- | --- | --- | --- | --- | --- | --- | --- |\n";
+      "| max-throughput energy saving | no freq. scaling | no scheduling | fallback | own frontier "
+      "loses (vs Perseus / N+P) | power model |\n"
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
   double sum[6] = {0}, best[6] = {-1e9, -1e9, -1e9, -1e9, -1e9, -1e9};
   for (const auto& e : all) {
     const double v[6] = {
         e.iso_time_energy_saving_pct,           e.iso_energy_time_saving_pct,
         e.max_throughput_time_saving_pct,       e.max_throughput_energy_saving_pct,
         e.ablation_no_freq_energy_increase_pct, e.ablation_no_sched_energy_increase_pct};
-    s += fmt::format("| {} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {} |\n",
-                     e.workload, v[0], v[1], v[2], v[3], v[4], v[5], e.fallback ? "yes" : "no");
+    std::string loses;
+    for (const auto& l : e.own_losses) {
+      loses +=
+          (loses.empty() ? "" : " / ") +
+          (l.lost ? fmt::format("{} of {} (up to {:.1f}%)", l.lost, l.deadlines, l.worst_excess_pct)
+                  : std::string("never"));
+    }
+    s +=
+        fmt::format("| {} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {} | {} | {} |\n",
+                    e.workload, v[0], v[1], v[2], v[3], v[4], v[5], e.fallback ? "yes" : "no",
+                    loses, e.power_calibrated ? "calibrated" : "NOT calibrated");
     for (int k = 0; k < 6; ++k) {
       sum[k] += v[k];
       best[k] = std::max(best[k], v[k]);
     }
   }
   const double n = static_cast<double>(std::max<std::size_t>(1, all.size()));
-  s += fmt::format("| **mean** | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | |\n",
+  s += fmt::format("| **mean** | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | | | |\n",
                    sum[0] / n, sum[1] / n, sum[2] / n, sum[3] / n, sum[4] / n, sum[5] / n);
-  s += fmt::format("| **best** | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | |\n",
+  s += fmt::format("| **best** | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | | | |\n",
                    best[0], best[1], best[2], best[3], best[4], best[5]);
-  s += fmt::format("| paper (up to) | {} | {} | {} | {} | - | {} | |\n\n",
+  s += fmt::format("| paper (up to) | {} | {} | {} | {} | - | {} | | | |\n\n",
                    PaperHeadline::iso_time_energy_saving_pct,
                    PaperHeadline::iso_energy_time_saving_pct,
                    PaperHeadline::max_throughput_time_saving_pct,
@@ -231,6 +286,18 @@ std::string suite_report(const std::vector<WorkloadEvaluation>& all, double seco
       "are the energy increase at Perseus's fastest iteration time.\n\n",
       all.size(), seconds);
   s += savings_table(all);
+  // Each uncalibrated GPU's caveat once, and each workload's notes.
+  std::set<std::string> caveats;
+  for (const auto& e : all) {
+    if (!e.power_calibrated && caveats.insert(e.power_caveat).second) {
+      s += fmt::format("**Power model NOT calibrated:** {}\n\n", e.power_caveat);
+    }
+    for (const auto& n : e.notes) s += fmt::format("**{}:** {}.\n\n", e.workload, n);
+    if (!e.iso_time_note.empty()) s += fmt::format("**{}:** {}.\n\n", e.workload, e.iso_time_note);
+  }
+  s += "\"Own frontier loses\": at how many of the deadlines both can meet Kareus's own frontier "
+       "(without falling back to a baseline's plan) needs more energy than Perseus / "
+       "Nanobatching+Perseus, and by how much at worst.\n\n";
   s += "Throughput and energy per token (MFU: model FLOPs per Narayanan et al., SC '21, without "
        "recompute, over the GPUs' dense bf16 peak; energy and power include static power). "
        "Profiling: the real-GPU cost estimate of each workload's measured configurations (5 s "
@@ -310,7 +377,9 @@ for m in data["marked"]:
         dy -= 11
 ax.set_xlabel("Iteration time (s)")
 ax.set_ylabel("Energy per iteration, whole job (kJ)")
-ax.set_title(data["workload"] + " (emulated)")
+pm = data["power_model"]
+ax.set_title(data["workload"] + " (emulated; power model " +
+             ("calibrated" if pm["calibrated"] else "NOT calibrated: estimate") + ")")
 ax.grid(True, alpha=0.3)
 ax.legend(fontsize=8, loc="upper right")
 fig.tight_layout()
@@ -330,8 +399,11 @@ bool plot_frontiers(const WorkloadEvaluation& e, const std::string& png_path, st
   for (const char* name : {"max-throughput", "iso-energy", "iso-time", "min-energy"}) {
     const auto it = e.plans.find(name);
     if (it == e.plans.end()) continue;
+    const std::string label = it->second.label == "Kareus"
+                                  ? std::string(name)
+                                  : fmt::format("{} ({})", name, it->second.label);
     data["marked"].push_back(
-        marked_json(name, "plan", it->second.iteration_time_s, it->second.energy_j));
+        marked_json(label, "plan", it->second.iteration_time_s, it->second.energy_j));
   }
   // The baselines' fastest plans run at max clock nearly everywhere, so they usually coincide
   // with Megatron-LM's and Nanobatching's points, which the legend names: they get a label only
@@ -368,7 +440,7 @@ std::map<std::string, std::string> plot_plan_timelines(const WorkloadEvaluation&
   }
   for (const auto& [name, plan] : e.plans) {
     const std::string rel = (fs::path(subdir) / (name + ".timeline.png")).string();
-    const std::vector<TimelinePanel> panels = {{fmt::format("Kareus {} plan", name), &plan},
+    const std::vector<TimelinePanel> panels = {{fmt::format("{} {} plan", plan.label, name), &plan},
                                                {"Megatron-LM", &e.megatron_plan}};
     std::string why;
     if (plot_timeline(panels, (fs::path(dir) / rel).string(), why)) {

@@ -15,6 +15,12 @@
 // flow network is a compressed-sparse-row graph rebuilt in place, and the maximum flow is
 // Dinic's algorithm (Dinic, Soviet Math. Doklady 1970) on it; on these networks (few disjoint
 // cheap paths, long critical chains) it needs a handful of phases, each a linear BFS and DFS.
+// The passes are kept cache-friendly: nodes are renumbered in topological order (the caller's
+// numbering returns only in the recorded choices), event times are computed on the nodes'
+// predecessor and successor rows, the arcs are sorted by tail so that the critical scan skips
+// every node with float, and the flow network keeps heads, reverse arcs and residuals in CSR
+// order. A recorded point whose snapped options did not change since the previous one skips the
+// first slack pass (it would give the point already archived).
 // The cut is the set of vertices reachable from the source in the residual network of a
 // maximum flow, which is the same for every maximum flow (the minimal minimum cut), so the
 // frontier does not depend on the flow algorithm. A network identical to the previous
@@ -69,12 +75,13 @@ constexpr long kMaxIterations = 200000;
 
 // Maximum flow by Dinic's algorithm on a compressed-sparse-row residual graph. Arc 2k is the
 // k-th added arc and 2k+1 its reverse; a pair carries the residual capacities of both
-// directions, so an arc whose flow may also decrease (down to its lower bound) is one pair.
-// All storage is kept between networks.
+// directions, so an arc whose flow may also decrease (down to its lower bound) is one pair. The
+// residual capacities, heads and reverse arcs are stored in CSR order, so that a breadth-first
+// pass reads each vertex's arcs contiguously. All storage is kept between networks.
 class MaxFlow {
  public:
   void reset(std::size_t vertices) {
-    n_ = vertices;
+    n_ = static_cast<Index>(vertices);
     from_.clear();
     to_.clear();
     cap_.clear();
@@ -82,23 +89,23 @@ class MaxFlow {
   /// Adds u -> v with residual capacity `cap` and v -> u with `back`; returns the arc's id.
   std::size_t add(std::size_t u, std::size_t v, Units cap, Units back = 0) {
     const std::size_t id = from_.size();
-    from_.insert(from_.end(), {u, v});
-    to_.insert(to_.end(), {v, u});
+    from_.insert(from_.end(), {static_cast<Index>(u), static_cast<Index>(v)});
+    to_.insert(to_.end(), {static_cast<Index>(v), static_cast<Index>(u)});
     cap_.insert(cap_.end(), {std::max<Units>(0, cap), std::max<Units>(0, back)});
     return id;
   }
   /// Net flow added from u to v on arc `id` (negative: flow taken back).
-  Units flow(std::size_t id) const { return cap_[id] - res_[id]; }
+  Units flow(std::size_t id) const { return cap_[id] - res_[pos_[id]]; }
 
   /// The maximum flow from s to t, or a value >= kInfUnits / 2 as soon as it reaches that.
   Units run(std::size_t s, std::size_t t) {
     build_csr();
-    res_ = cap_;
+    const auto si = static_cast<Index>(s), ti = static_cast<Index>(t);
     Units total = 0;
-    while (total < kInfUnits / 2 && levels(s, t)) {
+    while (total < kInfUnits / 2 && levels(si, ti)) {
       cur_.assign(first_.begin(), first_.end() - 1);
       while (total < kInfUnits / 2) {
-        const Units f = augment(s, t, kInfUnits);
+        const Units f = augment(si, ti, kInfUnits);
         if (f == 0) break;
         total += f;
       }
@@ -110,26 +117,37 @@ class MaxFlow {
   bool reachable(std::size_t v) const { return level_[v] >= 0; }
 
  private:
+  using Index = std::uint32_t;
   void build_csr() {
-    first_.assign(n_ + 1, 0);
-    for (std::size_t u : from_) ++first_[u + 1];
-    for (std::size_t v = 0; v < n_; ++v) first_[v + 1] += first_[v];
-    adj_.resize(from_.size());
+    const std::size_t m = from_.size();
+    first_.assign(static_cast<std::size_t>(n_) + 1, 0);
+    for (Index u : from_) ++first_[u + 1];
+    for (Index v = 0; v < n_; ++v) first_[v + 1] += first_[v];
     cur_.assign(first_.begin(), first_.end() - 1);
-    for (std::size_t a = 0; a < from_.size(); ++a) adj_[cur_[from_[a]]++] = a;
+    pos_.resize(m);
+    for (std::size_t a = 0; a < m; ++a) pos_[a] = cur_[from_[a]]++;
+    head_.resize(m);
+    rev_.resize(m);
+    res_.resize(m);
+    for (std::size_t a = 0; a < m; ++a) {
+      head_[pos_[a]] = to_[a];
+      rev_[pos_[a]] = pos_[a ^ 1];
+      res_[pos_[a]] = cap_[a];
+    }
   }
   // BFS levels from s over residual arcs; false when t is unreachable.
-  bool levels(std::size_t s, std::size_t t) {
+  bool levels(Index s, Index t) {
     level_.assign(n_, -1);
     level_[s] = 0;
     queue_.assign(1, s);
     for (std::size_t h = 0; h < queue_.size() && level_[t] < 0; ++h) {
-      const std::size_t u = queue_[h];
-      for (std::size_t k = first_[u]; k < first_[u + 1]; ++k) {
-        const std::size_t a = adj_[k];
-        if (res_[a] > 0 && level_[to_[a]] < 0) {
-          level_[to_[a]] = level_[u] + 1;
-          queue_.push_back(to_[a]);
+      const Index u = queue_[h];
+      const int next = level_[u] + 1;
+      for (Index k = first_[u]; k < first_[u + 1]; ++k) {
+        const Index v = head_[k];
+        if (res_[k] > 0 && level_[v] < 0) {
+          level_[v] = next;
+          queue_.push_back(v);
         }
       }
     }
@@ -137,24 +155,28 @@ class MaxFlow {
   }
   // One augmenting path in the level graph (depth-first with current-arc pointers, so every
   // arc is skipped at most once per phase); returns the flow pushed along it.
-  Units augment(std::size_t u, std::size_t t, Units limit) {
+  Units augment(Index u, Index t, Units limit) {
     if (u == t) return limit;
-    for (std::size_t& k = cur_[u]; k < first_[u + 1]; ++k) {
-      const std::size_t a = adj_[k], v = to_[a];
-      if (res_[a] <= 0 || level_[v] != level_[u] + 1) continue;
-      if (const Units f = augment(v, t, std::min(limit, res_[a]))) {
-        res_[a] -= f;
-        res_[a ^ 1] += f;
+    for (Index& k = cur_[u]; k < first_[u + 1]; ++k) {
+      const Index v = head_[k];
+      if (res_[k] <= 0 || level_[v] != level_[u] + 1) continue;
+      if (const Units f = augment(v, t, std::min(limit, res_[k]))) {
+        res_[k] -= f;
+        res_[rev_[k]] += f;
         return f;
       }
     }
     return 0;
   }
 
-  std::size_t n_ = 0;
-  std::vector<std::size_t> from_, to_, first_, adj_, cur_, queue_;
-  std::vector<Units> cap_, res_;
-  std::vector<long> level_;
+  Index n_ = 0;
+  // In insertion order: tails, heads and capacities of the arcs, each one's CSR position.
+  std::vector<Index> from_, to_, pos_;
+  std::vector<Units> cap_;
+  // In CSR order: heads, reverse arcs, residual capacities.
+  std::vector<Index> first_, cur_, queue_, head_, rev_;
+  std::vector<Units> res_;
+  std::vector<int> level_;
 };
 
 // An activity's quantized options and the convex envelope of its cost.
@@ -326,7 +348,10 @@ class Solver {
   static std::size_t in(std::size_t i) { return 2 + 2 * i; }
   static std::size_t out(std::size_t i) { return 3 + 2 * i; }
 
-  const IterationDag& dag_;
+  // The DAG with its nodes renumbered in topological order (node k of dag_ is node order_[k] of
+  // the caller's): every pass over the nodes then walks its arrays front to back.
+  IterationDag dag_;
+  std::vector<int> order_, rank_;  ///< rank_[caller's id] = internal id
   const double unit_s_;
   const std::size_t n_;
   std::vector<int> topo_;
@@ -339,9 +364,8 @@ class Solver {
   std::vector<Units> act_lb_, act_ub_;  ///< flow bounds of each activity at its duration
   // Activity-on-arc network: 0 = source, 1 = sink, node i -> in(i) -> out(i).
   std::vector<Arc> arcs_;
-  std::vector<std::size_t> vorder_;                ///< topological order of AOA vertices
-  std::vector<std::size_t> out_first_, out_arcs_;  ///< out-arcs of each vertex (CSR)
-  std::vector<long> d_, E_, L_;                    ///< durations, earliest and latest times
+  std::vector<std::size_t> out_first_;  ///< first arc of each vertex (arcs sorted by tail)
+  std::vector<long> d_, E_, L_;         ///< durations, earliest and latest times
   // The critical network of this iteration: arcs, bounds in units, compact vertex ids.
   std::vector<std::size_t> crit_, prev_crit_, global_, local_;
   std::vector<Units> lb_, ub_, prev_lb_, prev_ub_;
@@ -358,21 +382,40 @@ class Solver {
   std::vector<double> es_, ls_, fin_;
   // Snapped option per node (staircase step, its time and energy, the next step's time) and
   // the refined one of the point being recorded.
-  std::vector<std::size_t> step_, out_step_;
+  std::vector<std::size_t> step_;
+  std::vector<int> step_opt_, out_opt_;  ///< option index (the caller's numbering of options)
   std::vector<double> step_t_, step_e_, next_t_, out_t_, out_e_;
   ParetoArchive archive_;
+  // Whether a snapped option changed since the last recorded point, and that point's snapped
+  // makespan: an unchanged snap gives the same first refinement, which the archive already has.
+  bool snap_changed_ = true;
+  double snap_makespan_s_ = 0;
 };
 
 Solver::Solver(const IterationDag& dag, double unit_s, bool warm)
-    : dag_(dag), unit_s_(unit_s), n_(dag.nodes.size()), warm_(warm) {
+    : unit_s_(unit_s), n_(dag.nodes.size()), warm_(warm) {
   for (const auto& node : dag.nodes) {
     if (node.options.empty()) {
       throw InternalError(fmt::format("DAG node {} has no options", node.id));
     }
   }
-  topo_ = dag.topological_order();
+  order_ = dag.topological_order();
+  rank_.resize(n_);
+  for (std::size_t k = 0; k < n_; ++k)
+    rank_[static_cast<std::size_t>(order_[k])] = static_cast<int>(k);
+  dag_.gpus = dag.gpus;
+  dag_.static_power_w = dag.static_power_w;
+  dag_.nodes.reserve(n_);
+  for (int u : order_) dag_.nodes.push_back(dag.nodes[static_cast<std::size_t>(u)]);
+  dag_.edges.reserve(dag.edges.size());
+  for (const auto& [a, b] : dag.edges) {
+    dag_.edges.emplace_back(rank_[static_cast<std::size_t>(a)], rank_[static_cast<std::size_t>(b)]);
+  }
+  std::sort(dag_.edges.begin(), dag_.edges.end());
+  topo_.resize(n_);
+  for (std::size_t k = 0; k < n_; ++k) topo_[k] = static_cast<int>(k);
   act_.reserve(n_);
-  for (const auto& node : dag.nodes) act_.push_back(make_activity(node, unit_s));
+  for (const auto& node : dag_.nodes) act_.push_back(make_activity(node, unit_s));
   build_adjacency();
   build_network();
   d_.resize(n_);
@@ -387,7 +430,8 @@ Solver::Solver(const IterationDag& dag, double unit_s, bool warm)
   fin_.resize(n_);
   for (auto* v : {&step_t_, &step_e_, &next_t_, &out_t_, &out_e_}) v->resize(n_);
   step_.resize(n_);
-  out_step_.resize(n_);
+  step_opt_.resize(n_);
+  out_opt_.resize(n_);
   for (std::size_t i = 0; i < n_; ++i) set_step(i, act_[i].snap_step(d_[i]));
 }
 
@@ -441,18 +485,13 @@ void Solver::build_network() {
     if (pred_first_[i] == pred_first_[i + 1]) arcs_.push_back({0, in(i), -1});
     if (succ_first_[i] == succ_first_[i + 1]) arcs_.push_back({out(i), 1, -1});
   }
-  vorder_ = {0};
-  for (int u : topo_) {
-    vorder_.push_back(in(static_cast<std::size_t>(u)));
-    vorder_.push_back(out(static_cast<std::size_t>(u)));
-  }
-  vorder_.push_back(1);
+  // Arcs by tail vertex: the pass over all arcs that finds the critical ones reads the event
+  // times nearly in order.
+  std::stable_sort(arcs_.begin(), arcs_.end(),
+                   [](const Arc& x, const Arc& y) { return x.u < y.u; });
   out_first_.assign(V + 1, 0);
   for (const Arc& a : arcs_) ++out_first_[a.u + 1];
   for (std::size_t v = 0; v < V; ++v) out_first_[v + 1] += out_first_[v];
-  out_arcs_.resize(arcs_.size());
-  std::vector<std::size_t> fill(out_first_.begin(), out_first_.end() - 1);
-  for (std::size_t k = 0; k < arcs_.size(); ++k) out_arcs_[fill[arcs_[k].u]++] = k;
   E_.resize(V);
   L_.resize(V);
   local_.assign(V, static_cast<std::size_t>(-1));
@@ -462,22 +501,35 @@ void Solver::build_network() {
 }
 
 // Earliest and latest event times of the current durations; returns the makespan (units).
+// Computed on the nodes (in topological numbering, so both passes read the arrays in order): an
+// activity's in-vertex has the activity as its only out-arc and its out-vertex has it as its
+// only in-arc, so the event times of the activity-on-arc network follow from each node's
+// earliest start and latest finish.
 long Solver::schedule() {
-  std::fill(E_.begin(), E_.end(), 0L);
-  for (std::size_t u : vorder_) {
-    for (std::size_t k = out_first_[u]; k < out_first_[u + 1]; ++k) {
-      const Arc& a = arcs_[out_arcs_[k]];
-      E_[a.v] = std::max(E_[a.v], E_[u] + dur(a));
+  long T = 0;
+  for (std::size_t i = 0; i < n_; ++i) {
+    long es = 0;
+    for (std::size_t k = pred_first_[i]; k < pred_first_[i + 1]; ++k) {
+      es = std::max(es, E_[out(static_cast<std::size_t>(pred_[k]))]);
     }
+    E_[in(i)] = es;
+    E_[out(i)] = es + d_[i];
+    T = std::max(T, es + d_[i]);
   }
-  const long T = E_[1];
-  std::fill(L_.begin(), L_.end(), T);
-  for (auto it = vorder_.rbegin(); it != vorder_.rend(); ++it) {
-    for (std::size_t k = out_first_[*it]; k < out_first_[*it + 1]; ++k) {
-      const Arc& a = arcs_[out_arcs_[k]];
-      L_[*it] = std::min(L_[*it], L_[a.v] - dur(a));
+  E_[0] = 0;
+  E_[1] = T;
+  long first = T;
+  for (std::size_t i = n_; i-- > 0;) {
+    long lf = T;
+    for (std::size_t k = succ_first_[i]; k < succ_first_[i + 1]; ++k) {
+      lf = std::min(lf, L_[in(static_cast<std::size_t>(succ_[k]))]);
     }
+    L_[out(i)] = lf;
+    L_[in(i)] = lf - d_[i];
+    first = std::min(first, lf - d_[i]);
   }
+  L_[0] = first;
+  L_[1] = T;
   return T;
 }
 
@@ -517,13 +569,23 @@ bool Solver::collect_critical() {
   crit_.clear();
   lb_.clear();
   ub_.clear();
-  for (std::size_t k = 0; k < arcs_.size(); ++k) {
-    const Arc& a = arcs_[k];
-    if (E_[a.u] != L_[a.u] || E_[a.u] + dur(a) != L_[a.v]) continue;
-    const auto i = static_cast<std::size_t>(a.activity);
-    crit_.push_back(k);
-    lb_.push_back(a.activity < 0 ? 0 : act_lb_[i]);
-    ub_.push_back(a.activity < 0 ? kInfUnits : act_ub_[i]);
+  // A vertex with float leaves only non-critical arcs; a node with float has float at both of
+  // its vertices, so its arcs are skipped without looking at them.
+  auto scan = [&](std::size_t u) {
+    for (std::size_t k = out_first_[u]; k < out_first_[u + 1]; ++k) {
+      const Arc& a = arcs_[k];
+      if (E_[a.u] + dur(a) != L_[a.v]) continue;
+      const auto i = static_cast<std::size_t>(a.activity);
+      crit_.push_back(k);
+      lb_.push_back(a.activity < 0 ? 0 : act_lb_[i]);
+      ub_.push_back(a.activity < 0 ? kInfUnits : act_ub_[i]);
+    }
+  };
+  scan(0);  // the source is always critical: E = L = 0
+  for (std::size_t i = 0; i < n_; ++i) {
+    if (E_[in(i)] != L_[in(i)]) continue;
+    scan(in(i));
+    scan(out(i));
   }
   return warm_ && iterations_ > 1 && crit_ == prev_crit_ && lb_ == prev_lb_ && ub_ == prev_ub_;
 }
@@ -585,8 +647,11 @@ bool Solver::feasible_flow(bool with_lb) {
     if (excess_[v] > 0) f1_.add(W, v, excess_[v]);
     if (excess_[v] < 0) f1_.add(v, W + 1, -excess_[v]);
   }
-  // A unit per vertex of tolerance, as for bounds rounded on both sides.
-  if (f1_.run(W, W + 1) < need - static_cast<Units>(W)) return false;
+  // Bounds and flows are integers, so the test is exact. (A tolerance of one unit per vertex,
+  // kept from when bounds were rounded doubles, accepted any warm start whose imbalance was that
+  // small without repairing it: the "maximum flow" then started from a flow that did not
+  // conserve, and its cut could differ from the from-scratch one.)
+  if (f1_.run(W, W + 1) < need) return false;
   for (std::size_t c = 0; c < crit_.size(); ++c) {
     flow_[c] += f1_.flow(2 * c);
   }
@@ -668,9 +733,11 @@ bool Solver::shorten(long& T) {
 // reads contiguous memory instead of every node's option lists.
 void Solver::set_step(std::size_t i, std::size_t pos) {
   const Activity& a = act_[i];
+  if (step_[i] != pos) snap_changed_ = true;
   step_[i] = pos;
   step_t_[i] = a.stair_t[pos];
-  step_e_[i] = energy_j(i, a.stair[pos]);
+  step_opt_[i] = a.stair[pos];
+  step_e_[i] = energy_j(i, step_opt_[i]);
   next_t_[i] = pos + 1 < a.stair.size() ? a.stair_t[pos + 1] : std::numeric_limits<double>::max();
 }
 
@@ -685,16 +752,16 @@ void Solver::refine(double limit) {
       lf = std::min(lf, ls_[static_cast<std::size_t>(succ_[k])]);
     }
     const double budget_s = lf * (1 + 1e-12) - es_[i];
-    out_step_[i] = step_[i];
+    out_opt_[i] = step_opt_[i];
     out_t_[i] = step_t_[i];
     out_e_[i] = step_e_[i];
     if (next_t_[i] <= budget_s) {  // a cheaper staircase step fits
       const Activity& a = act_[i];
       const auto pos = static_cast<std::size_t>(
           std::upper_bound(a.stair_t.begin(), a.stair_t.end(), budget_s) - a.stair_t.begin() - 1);
-      out_step_[i] = pos;
       out_t_[i] = a.stair_t[pos];
-      out_e_[i] = energy_j(i, a.stair[pos]);
+      out_opt_[i] = a.stair[pos];
+      out_e_[i] = energy_j(i, out_opt_[i]);
     }
     ls_[i] = lf - out_t_[i];
   }
@@ -708,11 +775,12 @@ void Solver::refine(double limit) {
     fin_[i] = start + out_t_[i];
     p.time_s = std::max(p.time_s, fin_[i]);
   }
-  for (std::size_t i = 0; i < n_; ++i) p.dynamic_energy_j += out_e_[i];
+  // Summed in the caller's node order: the same rounding as IterationDag::energy_j.
+  for (int i : rank_) p.dynamic_energy_j += out_e_[static_cast<std::size_t>(i)];
   p.energy_j = p.dynamic_energy_j + dag_.gpus * dag_.static_power_w * p.time_s;
   if (archive_.dominated(p.time_s, p.energy_j)) return;
   p.choice.resize(n_);
-  for (std::size_t i = 0; i < n_; ++i) p.choice[i] = act_[i].stair[out_step_[i]];
+  for (std::size_t j = 0; j < n_; ++j) p.choice[j] = out_opt_[static_cast<std::size_t>(rank_[j])];
   archive_.add(std::move(p));
 }
 
@@ -724,6 +792,12 @@ void Solver::record(long T_units, bool fastest) {
   if (fastest) {
     for (std::size_t i = 0; i < n_; ++i) set_step(i, 0);
   }
+  const double target = static_cast<double>(T_units) * unit_s_;
+  if (!snap_changed_) {  // es_ still holds the snapped earliest starts
+    if (target > snap_makespan_s_) refine(target);
+    return;
+  }
+  snap_changed_ = false;
   double M = 0;
   for (int u : topo_) {
     const auto i = static_cast<std::size_t>(u);
@@ -734,8 +808,8 @@ void Solver::record(long T_units, bool fastest) {
     }
     M = std::max(M, es_[i] + step_t_[i]);
   }
+  snap_makespan_s_ = M;
   refine(M);
-  const double target = static_cast<double>(T_units) * unit_s_;
   if (target > M) refine(target);
 }
 

@@ -48,6 +48,9 @@ GpuSpec a100_sxm4_40gb() {
   a100.static_power_w = 85;
   a100.idle_power_w = 52;
   a100.clock_switch_s = 15e-3;  // [SWITCH]
+  // The emulator's one clock-power curve was fitted on this GPU's measured iterations.
+  a100.power_calibrated = true;
+  a100.power_source = "fitted to measured A100 SXM4 40GB iterations (data/calibration)";
   return a100;
 }
 
@@ -56,6 +59,8 @@ GpuSpec a100_sxm4_80gb() {
   a100_80.name = "a100-sxm4-80gb";
   a100_80.display_name = "NVIDIA A100 SXM4 80GB";
   a100_80.hbm_bandwidth_gbs = 2039;
+  a100_80.power_calibrated = false;
+  a100_80.power_source = "the A100 40GB fit reused (same SMs and clocks, other HBM); not measured";
   return a100_80;
 }
 
@@ -81,6 +86,8 @@ GpuSpec a40() {
   a40.static_power_w = 70;
   a40.idle_power_w = 30;       // estimate
   a40.clock_switch_s = 15e-3;  // [SWITCH]
+  a40.power_calibrated = false;
+  a40.power_source = "the A100 40GB fit reused; not measured on this GPU";
   return a40;
 }
 
@@ -107,6 +114,8 @@ GpuSpec h100_sxm() {
   h100.static_power_estimated = true;
   h100.idle_power_w = 70;       // estimate
   h100.clock_switch_s = 15e-3;  // [SWITCH]
+  h100.power_calibrated = false;
+  h100.power_source = "the A100 40GB fit reused; not measured on this GPU";
   return h100;
 }
 
@@ -116,6 +125,9 @@ GpuSpec h200() {
   h200.display_name = "NVIDIA H200 SXM 141GB";
   h200.hbm_bandwidth_gbs = 4800;
   h200.nccl_ring_busbw_gbs = 475;
+  // docs/cuda.md: partitions at 1980 MHz drew 556-700 W where this reused curve gives ~410 W.
+  h200.power_source =
+      "the A100 40GB fit reused; a measured H200 drew 556-700 W where it predicts about 410 W";
   return h200;
 }
 

@@ -228,6 +228,10 @@ nlohmann::json Plan::to_json() const {
                    {"rank_order", RankLayout::kOrder},
                    {"rank_formula", "tp_rank + tp*(cp_rank + cp*(dp_rank + dp*pp_rank))"}};
   j["method"] = method;
+  j["label"] = label;
+  j["power_model"] = {{"calibrated", power_calibrated}, {"source", power_source}};
+  if (deadline_margin >= 0) j["deadline_margin"] = deadline_margin;
+  if (replayed_time_s >= 0) j["replayed_time_s"] = replayed_time_s;
   j["execution"] = execution == ExecutionMode::kOverlapped ? "overlapped" : "sequential";
   j["goal"] = goal;
   j["iteration_time_s"] = iteration_time_s;
@@ -440,6 +444,15 @@ Plan Plan::from_json(const nlohmann::json& j, const std::string& source) {
   p.static_power_w = r.non_negative(j, "static_power_w", "");
   p.clock_switch_s = r.non_negative(j, "clock_switch_s", "");
   p.min_clock_hold_s = r.non_negative(j, "min_clock_hold_s", "");
+  // Written since the honest-labels change; plans from before it lack them.
+  p.label = j.contains("label") ? r.text(j, "label", "") : p.method;
+  if (j.contains("power_model")) {
+    const auto& pm = r.at(j, "power_model", "");
+    p.power_calibrated = r.boolean(pm, "calibrated", "power_model");
+    p.power_source = r.text(pm, "source", "power_model");
+  }
+  if (j.contains("deadline_margin")) p.deadline_margin = r.non_negative(j, "deadline_margin", "");
+  if (j.contains("replayed_time_s")) p.replayed_time_s = r.positive(j, "replayed_time_s", "");
   // The planner writes each stage's end as the maximum of values whose maximum is
   // iteration_time_s, so they agree exactly; the slack only absorbs a rounding edit.
   const double tolerance_s = kTimeTolerance * p.iteration_time_s;
@@ -725,7 +738,11 @@ nlohmann::json plan_summary_json(const Plan& p) {
       {"clock_switch_s", p.clock_switch_s},
       {"min_clock_hold_s", p.min_clock_hold_s},
       {"clock_changes", p.clock_changes()},
+      {"label", p.label},
+      {"power_model", {{"calibrated", p.power_calibrated}, {"source", p.power_source}}},
       {"stages", nlohmann::json::array()}};
+  if (p.deadline_margin >= 0) j["deadline_margin"] = p.deadline_margin;
+  if (p.replayed_time_s >= 0) j["replayed_time_s"] = p.replayed_time_s;
   for (const auto& st : p.stages) {
     nlohmann::json sj = {{"stage", st.stage},
                          {"ranks", st.ranks},
@@ -752,16 +769,26 @@ nlohmann::json plan_summary_json(const Plan& p) {
 
 std::string plan_summary_text(const Plan& p) {
   std::string out = fmt::format(
-      "plan for {} ({} GPUs, {}), method {} ({}), goal: {}\n"
+      "plan for {} ({} GPUs, {}): {}, method {} ({}), goal: {}\n"
       "predicted: iteration {:.4f} s, energy {:.1f} J (whole job), {} clock changes "
       "(each a {:.1f} ms stall; clocks held >= {:.1f} ms)\n"
       "ranks: order {} (rank = tp_rank + tp*(cp_rank + cp*(dp_rank + dp*pp_rank))), tp={} cp={} "
       "dp={} pp={}\n",
-      p.workload, p.gpus, p.gpu, p.method,
+      p.workload, p.gpus, p.gpu, p.label, p.method,
       p.execution == ExecutionMode::kOverlapped ? "overlapped" : "sequential", p.goal,
       p.iteration_time_s, p.energy_j, p.clock_changes(), p.clock_switch_s * 1e3,
       p.min_clock_hold_s * 1e3, RankLayout::kOrder, p.layout.tp, p.layout.cp, p.layout.dp,
       p.layout.pp);
+  if (p.deadline_margin >= 0) {
+    out += fmt::format("deadline margin: {:.2f}%{}\n", 100 * p.deadline_margin,
+                       p.replayed_time_s >= 0
+                           ? fmt::format(", emulator replay {:.4f} s", p.replayed_time_s)
+                           : std::string());
+  }
+  out += p.power_calibrated
+             ? fmt::format("power model: calibrated ({})\n", p.power_source)
+             : fmt::format("power model: NOT calibrated for {} ({}): its energies are estimates\n",
+                           p.gpu, p.power_source.empty() ? "no source recorded" : p.power_source);
   for (const auto& st : p.stages) {
     double busy = 0, dyn = 0;
     for (const auto& in : st.instructions) {

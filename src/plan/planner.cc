@@ -22,6 +22,24 @@
 
 namespace kareus {
 
+const char* display_name(Method m) {
+  switch (m) {
+    case Method::kKareus:
+      return "Kareus";
+    case Method::kKareusMaxClock:
+      return "Kareus w/o freq. scaling";
+    case Method::kNanobatchPerseus:
+      return "Nanobatching+Perseus";
+    case Method::kNanobatch:
+      return "Nanobatching";
+    case Method::kPerseus:
+      return "Perseus";
+    case Method::kMegatron:
+      return "Megatron-LM";
+  }
+  return "?";
+}
+
 const char* to_string(Method m) {
   switch (m) {
     case Method::kKareus:
@@ -77,12 +95,15 @@ Planner::Planner(const Workload& w, CachedProfiler& profiler, PlannerOptions o,
                                      w_.gpu().freq_step_mhz));
     }
   }
-  if (w_.batch.nano_batches != 2) {
-    throw InvalidInput(
-        fmt::format("{}: key 'batch.nano_batches': planning needs 2 (the partitioned "
-                    "overlap model)",
-                    w_.source));
-  }
+}
+
+// With one nano-batch per micro-batch nothing can overlap: each overlapped method plans as its
+// sequential counterpart (the clock per instruction is all that is left to choose).
+static Method sequential_counterpart(const Workload& w, Method m) {
+  if (w.batch.nano_batches != 1) return m;
+  if (m == Method::kKareus || m == Method::kNanobatchPerseus) return Method::kPerseus;
+  if (m == Method::kKareusMaxClock || m == Method::kNanobatch) return Method::kMegatron;
+  return m;
 }
 
 const PartitionSet& Planner::sequential_partitions() {
@@ -170,6 +191,7 @@ static void prefetch_segments(CachedProfiler& prof, const PartitionSet& ps, int 
 
 std::vector<InstructionOption> Planner::instruction_options(Method m, int stage, InstructionKind k,
                                                             bool per_instance) {
+  m = sequential_counterpart(w_, m);
   const int fmax = *std::max_element(freqs_.begin(), freqs_.end());
   ComposeOptions co;
   co.per_instance = per_instance;
@@ -417,8 +439,10 @@ void Planner::check_frontier_memory(const MethodFrontier& mf) const {
 MethodFrontier Planner::frontier_with(Method m, bool per_instance) {
   MethodFrontier mf;
   mf.method = m;
-  mf.execution = (m == Method::kPerseus || m == Method::kMegatron) ? ExecutionMode::kSequential
-                                                                   : ExecutionMode::kOverlapped;
+  const Method run_as = sequential_counterpart(w_, m);
+  mf.execution = (run_as == Method::kPerseus || run_as == Method::kMegatron)
+                     ? ExecutionMode::kSequential
+                     : ExecutionMode::kOverlapped;
   mf.dag.static_power_w = profiler_.backend().static_power_w();
   mf.dag.gpus = w_.cluster.gpus();
   compose_tables(mf, per_instance);
@@ -706,6 +730,9 @@ Plan plan_header(const Workload& w, const std::string& digest, const MethodFront
   p.gpus = w.cluster.gpus();
   p.layout = {w.parallel.tp, w.parallel.cp, w.parallel.dp, w.parallel.pp};
   p.method = to_string(f.method);
+  p.label = display_name(f.method);
+  p.power_calibrated = w.gpu().power_calibrated;
+  p.power_source = w.gpu().power_source;
   p.execution = f.execution;
   p.goal = goal;
   p.iteration_time_s = sch.makespan_s;

@@ -251,7 +251,9 @@ BatchConfig parse_batch(const Section& b) {
   batch.micro_batch = b.positive_int("micro_batch");
   batch.seq_len = b.positive_int("seq_len");
   batch.micro_batches = b.positive_int("micro_batches");
-  batch.nano_batches = b.positive_int_or("nano_batches", 2);
+  // One sequence cannot be split into two nano-batches: such a job runs sequentially
+  // (frequency planning only) unless the file asks for two explicitly, which validation refuses.
+  batch.nano_batches = b.positive_int_or("nano_batches", batch.micro_batch == 1 ? 1 : 2);
   return batch;
 }
 
@@ -373,8 +375,10 @@ void validate_workload(const Workload& w) {
     fail("batch.nano_batches", fmt::format("allowed values: 1, 2; got {}", b.nano_batches));
   }
   if (b.micro_batch % b.nano_batches != 0) {
-    fail("batch.micro_batch", fmt::format("must be divisible by nano_batches ({}), got {}",
-                                          b.nano_batches, b.micro_batch));
+    fail("batch.micro_batch",
+         fmt::format("must be divisible by nano_batches ({}), got {}; with micro_batch 1 set "
+                     "nano_batches: 1 (or leave it out): overlap needs a micro-batch of at least 2",
+                     b.nano_batches, b.micro_batch));
   }
   if (b.seq_len % (2 * p.cp) != 0) {
     fail("batch.seq_len", fmt::format("must be divisible by 2*cp = {} (load-balanced context "
@@ -403,7 +407,7 @@ Workload parse_workload(const std::string& yaml_text, const std::string& source)
                                    e.mark.line + 1, e.mark.column + 1, e.msg));
   }
   Section top(root, source, "");
-  top.check_keys({"model", "gpu", "cluster", "parallel", "batch", "recompute", "name"});
+  top.check_keys({"model", "gpu", "cluster", "parallel", "batch", "recompute", "name", "what_if"});
 
   Workload w;
   w.source = source;
@@ -425,6 +429,7 @@ Workload parse_workload(const std::string& yaml_text, const std::string& source)
   w.parallel = parse_parallel(top.child("parallel"), w.model.layers);
   w.batch = parse_batch(top.child("batch"));
   if (top.has("recompute")) w.recompute = parse_recompute(top);
+  w.what_if = top.boolean_or("what_if", false);
   validate_workload(w);
   return w;
 }

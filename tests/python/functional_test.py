@@ -272,7 +272,7 @@ def driver(args) -> None:
     # Clock switches free (the paper's model): this workload's instructions last well under a
     # switch, so with the catalogue's cost the plan would keep one clock, and a clock sequence is
     # what is tested here.
-    r = subprocess.run([args.kareus, "plan", args.workload, "--min-energy",
+    r = subprocess.run([args.kareus, "plan", args.workload, "--min-energy", "--no-fallback",
                         "--clock-switch-ms", "0", "--out", plan],
                        capture_output=True, text=True, timeout=min(60.0, left()))
     if r.returncode != 0:

@@ -24,7 +24,7 @@ def setUpModule():
     # Clock switches free (the paper's model): this workload's instructions last well under a
     # switch, so with the catalogue's cost the plan would keep one clock, and a clock sequence is
     # what is tested here.
-    r = subprocess.run([ARGS.kareus, "plan", ARGS.workload, "--min-energy",
+    r = subprocess.run([ARGS.kareus, "plan", ARGS.workload, "--min-energy", "--no-fallback",
                         "--clock-switch-ms", "0", "--out", PLAN],
                        capture_output=True, text=True, timeout=60)
     if r.returncode != 0:

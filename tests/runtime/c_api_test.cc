@@ -27,9 +27,9 @@ class CApi : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new test::TempDir();
-    const auto r =
-        test::run_cli("plan " + test::source_path(kWorkload) +
-                      " --min-energy --clock-switch-ms 0 --out " + dir_->file("plan.json"));
+    const auto r = test::run_cli("plan " + test::source_path(kWorkload) +
+                                 " --min-energy --no-fallback --clock-switch-ms 0 --out " +
+                                 dir_->file("plan.json"));
     ASSERT_EQ(r.exit_code, 0) << r.err;
     json_ = new nlohmann::json(nlohmann::json::parse(test::read_file(dir_->file("plan.json"))));
   }

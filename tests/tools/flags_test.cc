@@ -121,11 +121,14 @@ TEST(CliFlags, DeadlineBelowTheFastestPointNamesTheBound) {
   const auto r = test::run_cli("plan " + kLlama + " --deadline 1e-3 --budget 8 --quiet --out " +
                                tmp.file("p.json"));
   ASSERT_EQ(r.exit_code, 2) << r.err;
-  // "--deadline 0.001: infeasible: the fastest plan takes T s per iteration; allowed: >= T s".
+  // "--deadline 0.001: infeasible with --margin 0.005: the fastest plan is predicted at T s per
+  // iteration; allowed: >= T / (1 - 0.005) s".
   const std::regex re(
-      "--deadline 0\\.001: infeasible: the fastest plan takes ([0-9.]+) s per iteration; "
-      "allowed: >= \\1 s");
-  EXPECT_TRUE(std::regex_search(r.err, re)) << r.err;
+      "--deadline 0\\.001: infeasible with --margin 0\\.005: the fastest plan is predicted at "
+      "([0-9.]+) s per iteration; allowed: >= ([0-9.]+) s");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.err, m, re)) << r.err;
+  EXPECT_NEAR(std::stod(m[2]), std::stod(m[1]) / (1 - 0.005), 1e-4 * std::stod(m[1])) << r.err;
   EXPECT_LT(longest_digit_run(r.err), 8u) << r.err;
   EXPECT_FALSE(std::filesystem::exists(tmp.file("p.json")));
 }

@@ -8,11 +8,13 @@
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 
 #include "kareus/error.h"
+#include "kareus/workload.h"
 
 namespace kareus::cli {
 
@@ -95,6 +97,25 @@ inline std::string shipped_path(const std::string& rel) {
   std::error_code ec;
   if (std::filesystem::exists(rel, ec)) return rel;
   return std::string(KAREUS_SOURCE_DIR) + "/" + rel;
+}
+
+/// The line every text output with emulated energies ends with: whether the GPU's power model
+/// is calibrated, and the caveat when it is not.
+inline std::string power_model_text(const GpuSpec& g) {
+  return g.power_calibrated ? fmt::format("power model: calibrated ({})\n", g.power_source)
+                            : fmt::format("power model: NOT calibrated: {}\n", g.power_caveat());
+}
+
+/// Loads a workload file for a verb: refuses a job that does not fit its GPUs' memory (exit 2
+/// with the figures) unless the file says `what_if: true`, and prints its warnings (e.g.
+/// micro_batches < pp) on stderr.
+inline Workload load_job(const std::string& path) {
+  Workload w = load_workload(path);
+  require_memory_fit(w);
+  for (const auto& warning : workload_warnings(w)) {
+    std::fprintf(stderr, "kareus: warning: %s\n", warning.c_str());
+  }
+  return w;
 }
 
 }  // namespace kareus::cli

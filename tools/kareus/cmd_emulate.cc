@@ -9,6 +9,7 @@
 #include "commands.h"
 #include "kareus/emulator.h"
 #include "kareus/error.h"
+#include "kareus/evaluate.h"
 #include "kareus/plan.h"
 #include "kareus/table.h"
 
@@ -92,7 +93,7 @@ void register_emulate(CLI::App& app, Action& action) {
       const int freq = args->freq;
       const double switch_ms = args->switch_ms;
       if (!plan_file.empty()) check_input_file("--plan", plan_file);
-      const Workload w = load_workload(args->file);
+      const Workload w = load_job(args->file);
       const EmulatorModel m(w.gpu());
       IterationResult r;
       if (!plan_file.empty()) {
@@ -106,7 +107,13 @@ void register_emulate(CLI::App& app, Action& action) {
         const int f = freq == 0 ? w.gpu().max_freq_mhz : check_freq(w.gpu(), freq, "--freq");
         r = emulate_schedule(w, m, schedule, f);
       }
-      std::cout << (args->json ? iteration_json(r).dump(2) + "\n" : iteration_text(r));
+      if (args->json) {
+        nlohmann::json j = iteration_json(r);
+        j["power_model"] = power_model_json(w.gpu());
+        std::cout << j.dump(2) << "\n";
+      } else {
+        std::cout << iteration_text(r) << power_model_text(w.gpu());
+      }
       return 0;
     };
   });

@@ -7,13 +7,16 @@
 #include <fmt/format.h>
 
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
 
 #include "cli_util.h"
 #include "commands.h"
+#include "kareus/emulator.h"
 #include "kareus/error.h"
+#include "kareus/evaluate.h"
 #include "kareus/frontier_file.h"
 #include "kareus/metrics.h"
 #include "kareus/table.h"
@@ -22,6 +25,12 @@
 
 namespace kareus::cli {
 namespace {
+
+/// `plan --deadline`'s default margin: the prediction must stay this fraction below the
+/// deadline, a cushion for backends whose plans cannot be replayed here. With the emulator the
+/// chosen plan is also replayed and must meet the deadline itself (predictions and replays
+/// differ by up to a few percent on pipelines with long stalls; the eval report lists them).
+constexpr double kDefaultDeadlineMargin = 0.005;
 
 /// The flags of `kareus frontier`, owned by the subcommand's callback.
 struct FrontierArgs {
@@ -34,7 +43,9 @@ struct FrontierArgs {
 struct PlanArgs {
   std::string file, out, method = "kareus", from;
   double deadline = 0, budget_j = 0;
+  double margin = kDefaultDeadlineMargin;
   bool max_tp = false, min_e = false, json = false;
+  bool no_fallback = false;  ///< Kareus's own frontier only, never a baseline's plan
   PlannerFlags flags;
 };
 struct PlanShowArgs {
@@ -105,10 +116,80 @@ std::vector<std::size_t> shown_points(std::size_t n, bool all) {
 bool used_with_from(const std::string& name) {
   for (const char* ok :
        {"FILE", "--deadline", "--energy-budget", "--max-throughput", "--min-energy", "--out",
-        "--method", "--json", "--quiet", "--from", "--help"}) {
+        "--method", "--json", "--quiet", "--from", "--help", "--margin", "--no-fallback"}) {
     if (name == ok) return true;
   }
   return false;
+}
+
+/// The points a plan may be chosen from: the method's frontier, or for Kareus the frontier
+/// merged with Perseus's and Nanobatching+Perseus's plans where they are better (the rule of
+/// `kareus optimize`, merge_with_fallbacks).
+std::vector<FrontierRef> plan_candidates(const std::map<Method, MethodFrontier>& f, Method method,
+                                         const std::vector<FrontierRef>& merged, bool no_fallback) {
+  if (method == Method::kKareus && !no_fallback) return merged;
+  std::vector<FrontierRef> refs;
+  for (std::size_t i = 0; i < f.at(method).points.size(); ++i) refs.push_back({method, i});
+  return refs;
+}
+
+/// Picks the plan for the goal among `refs`. A deadline goal takes the least-energy point whose
+/// prediction keeps `margin` below the deadline and, with `replay`, whose emulator replay meets
+/// the deadline too (else the next one by energy). `make` materializes a point as a plan.
+Plan choose_plan(const std::map<Method, MethodFrontier>& f, const std::vector<FrontierRef>& refs,
+                 const PlanArgs& a, const Goal& goal, const Workload& w, bool replay,
+                 const std::function<Plan(const FrontierRef&, const std::string&)>& make) {
+  std::vector<FrontierPoint> pts;
+  for (const auto& r : refs) pts.push_back(f.at(r.method).points.at(r.index));
+  auto labelled = [&](const FrontierRef& r) {
+    Plan p = make(r, goal.describe());
+    if (to_string(r.method) != std::string(to_string(Method::kKareus)) &&
+        method_from_string(a.method) == Method::kKareus) {
+      p.label = kareus_plan_label(to_string(r.method));
+    }
+    return p;
+  };
+  if (goal.kind != GoalKind::kDeadline) {
+    const auto idx = select_point(pts, goal);
+    if (!idx) throw_infeasible(goal, pts, a.deadline, a.budget_j);
+    return labelled(refs[*idx]);
+  }
+  const double bound = goal.value * (1 - a.margin);
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < pts.size(); ++i) {
+    if (pts[i].time_s <= bound) order.push_back(i);
+  }
+  if (order.empty()) {
+    double tmin = 1e300;
+    for (const auto& p : pts) tmin = std::min(tmin, p.time_s);
+    throw InvalidInput(fmt::format(
+        "--deadline {}: infeasible with --margin {}: the fastest plan is predicted at {} s per "
+        "iteration; allowed: >= {} s",
+        num(goal.value), num(a.margin), num(tmin), num(tmin / (1 - a.margin))));
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t x, std::size_t y) { return pts[x].energy_j < pts[y].energy_j; });
+  const EmulatorModel model(w.gpu());
+  std::string tried;
+  for (const std::size_t i : order) {
+    Plan p = labelled(refs[i]);
+    p.deadline_margin = a.margin;
+    if (!replay) return p;
+    const IterationResult rep = emulate_iteration(
+        w, model, p.execution,
+        [&p](int s, InstructionKind kind, int mb) { return p.settings(s, kind, mb); },
+        p.clock_switch_s);
+    p.replayed_time_s = rep.iteration_time_s;
+    if (rep.iteration_time_s <= goal.value) return p;
+    if (tried.size() < 200) {
+      tried += fmt::format("{}{} s predicted, {} s replayed", tried.empty() ? "" : "; ",
+                           num(p.iteration_time_s), num(rep.iteration_time_s));
+    }
+  }
+  throw InvalidInput(fmt::format(
+      "--deadline {}: no plan predicted within --margin {} replays within the deadline ({}); "
+      "raise the deadline or the margin",
+      num(goal.value), num(a.margin), tried));
 }
 
 /// `plan --from FRONTIER`: the frontier's point for the goal, materialized without profiling or
@@ -125,28 +206,42 @@ Plan plan_from_frontier(const CLI::App& cmd, const PlanArgs& a, Method method, c
   }
   const FrontierFile ff = load_frontier_file(a.from);
   if (!a.file.empty()) {
-    check_frontier_workload(ff, load_workload(a.file));
+    check_frontier_workload(ff, load_job(a.file));
   }
   w = ff.workload;
-  const MethodFrontier& f = ff.method(method);
-  const auto idx = select_point(f.points, goal);
-  if (!idx) throw_infeasible(goal, f.points, a.deadline, a.budget_j);
-  return ff.plan(method, *idx, goal.describe());
+  ff.method(method);  // a clear error when the file lacks it
+  const auto refs = plan_candidates(ff.methods, method, ff.merged, a.no_fallback);
+  return choose_plan(
+      ff.methods, refs, a, goal, *w, true,
+      [&ff](const FrontierRef& r, const std::string& g) { return ff.plan(r.method, r.index, g); });
 }
 
-/// `plan FILE`: profiles (or reads the store), solves the method's frontier and materializes
-/// the point for the goal.
+/// `plan FILE`: profiles (or reads the store), solves the method's frontier (for Kareus also
+/// Perseus's and Nanobatching+Perseus's, its fallbacks) and materializes the point for the goal.
 Plan plan_from_scratch(const PlanArgs& a, Method method, const Goal& goal,
                        std::optional<Workload>& w) {
-  w = load_workload(a.file);
+  w = load_job(a.file);
   ProfilingSession session = open_profiling(a.flags.profiling, *w);
   PipelineProgress progress(!a.flags.quiet);
   Planner planner(*w, *session.cached, a.flags.planner, progress.callback());
-  const MethodFrontier f = planner.frontier(method);
+  std::map<Method, MethodFrontier> f;
+  if (method == Method::kKareus && !a.no_fallback) {
+    for (Method m : {Method::kKareus, Method::kPerseus, Method::kNanobatchPerseus}) {
+      f[m] = planner.frontier(m);
+    }
+  } else {
+    f[method] = planner.frontier(method);
+  }
   progress.finish();
-  const auto idx = select_point(f.points, goal);
-  if (!idx) throw_infeasible(goal, f.points, a.deadline, a.budget_j);
-  return planner.make_plan(f, *idx, goal.describe());
+  const std::vector<FrontierRef> merged = method == Method::kKareus && !a.no_fallback
+                                              ? merge_with_fallbacks(f)
+                                              : std::vector<FrontierRef>{};
+  // The emulator replays only what the emulator predicted; other backends rely on the margin.
+  const bool replay = a.flags.profiling.backend == "emulator";
+  return choose_plan(f, plan_candidates(f, method, merged, a.no_fallback), a, goal, *w, replay,
+                     [&](const FrontierRef& r, const std::string& g) {
+                       return planner.make_plan(f.at(r.method), r.index, g);
+                     });
 }
 
 }  // namespace
@@ -172,7 +267,7 @@ void register_frontier(CLI::App& app, Action& action) {
       const Method m = method_from_string(args->method);
       check_planner_flags(flags);
       if (!dump_dag.empty()) check_output_file("--dump-dag", dump_dag);
-      const Workload w = load_workload(file);
+      const Workload w = load_job(file);
       ProfilingSession session = open_profiling(flags.profiling, w);
       PipelineProgress progress(!flags.quiet);
       Planner planner(w, *session.cached, flags.planner, progress.callback());
@@ -192,6 +287,7 @@ void register_frontier(CLI::App& app, Action& action) {
         j["solver"] = {{"iterations", f.stats.iterations}, {"seconds", f.stats.seconds}};
         j["clock_switch_s"] = f.clock_switch_s;
         j["min_clock_hold_s"] = f.min_clock_hold_s;
+        j["power_model"] = power_model_json(w.gpu());
         j["points"] = nlohmann::json::array();
         for (std::size_t i = 0; i < f.points.size(); ++i) {
           const Plan p = planner.make_plan(f, i, "frontier point");
@@ -233,6 +329,7 @@ void register_frontier(CLI::App& app, Action& action) {
             "point with its plan)\n",
             kSummaryRows, f.points.size());
       }
+      std::cout << power_model_text(w.gpu());
       return 0;
     };
   });
@@ -254,7 +351,7 @@ void register_plan(CLI::App& app, Action& action) {
     action = [show_args] {
       const PlanShowArgs& a = *show_args;
       std::optional<Workload> w;
-      if (!a.workload.empty()) w = load_workload(a.workload);
+      if (!a.workload.empty()) w = load_job(a.workload);
       const Plan p = w ? load_plan(a.file, *w) : load_plan(a.file);
       if (!a.png.empty()) {
         check_output_file("--png", a.png);
@@ -280,6 +377,11 @@ void register_plan(CLI::App& app, Action& action) {
           ->check(finite_in(0, true, kMaxEnergyBudgetJ, "joules"));
   auto* g3 = cmd->add_flag("--max-throughput", args->max_tp, "fastest plan");
   auto* g4 = cmd->add_flag("--min-energy", args->min_e, "least-energy plan");
+  cmd->add_option("--margin", args->margin,
+                  "with --deadline: the predicted iteration time must stay this fraction below "
+                  "the deadline; the chosen plan's emulator replay must meet the deadline too")
+      ->capture_default_str()
+      ->check(finite_in(0, false, 0.5, "fraction of the deadline"));
   g1->excludes(g2)->excludes(g3)->excludes(g4);
   g2->excludes(g3)->excludes(g4);
   g3->excludes(g4);
@@ -289,6 +391,9 @@ void register_plan(CLI::App& app, Action& action) {
                   "solving; FILE, if given, must be the frontier's workload)");
   cmd->add_option("--method", args->method, "planning method (see `kareus frontier --help`)")
       ->capture_default_str();
+  cmd->add_flag("--no-fallback", args->no_fallback,
+                "with --method kareus: choose among Kareus's own plans only, never a Perseus or "
+                "Nanobatching+Perseus plan that would be better");
   cmd->add_flag("--json", args->json, "print the plan's summary as JSON");
   add_planner_flags(cmd, args->flags);
   cmd->callback([&action, cmd, args, show, g1, g2, g3, g4] {
@@ -325,19 +430,34 @@ void register_plan(CLI::App& app, Action& action) {
                                         : plan_from_frontier(*cmd, *args, method, goal, w);
       save_plan(p, out);
       if (args->json) {
-        std::cout << nlohmann::json({{"plan", out},
-                                     {"goal", p.goal},
-                                     {"iteration_time_s", p.iteration_time_s},
-                                     {"energy_j", p.energy_j},
-                                     {"clock_changes", p.clock_changes()},
-                                     {"metrics", plan_show_metrics(p, &*w)}})
-                         .dump(2)
-                  << "\n";
+        nlohmann::json j = {{"plan", out},
+                            {"goal", p.goal},
+                            {"method", p.method},
+                            {"label", p.label},
+                            {"iteration_time_s", p.iteration_time_s},
+                            {"energy_j", p.energy_j},
+                            {"clock_changes", p.clock_changes()},
+                            {"metrics", plan_show_metrics(p, &*w)},
+                            {"power_model", power_model_json(w->gpu())}};
+        if (p.deadline_margin >= 0) j["deadline_margin"] = p.deadline_margin;
+        if (p.replayed_time_s >= 0) j["replayed_time_s"] = p.replayed_time_s;
+        std::cout << j.dump(2) << "\n";
       } else {
         std::cout << fmt::format(
-            "{}: {} -> {:.4f} s, {:.1f} J per iteration (whole job), {} clock changes\n{}", out,
-            p.goal, p.iteration_time_s, p.energy_j, p.clock_changes(),
+            "{}: {}, {} -> {:.4f} s, {:.1f} J per iteration (whole job), {} clock "
+            "changes\n{}",
+            out, p.label, p.goal, p.iteration_time_s, p.energy_j, p.clock_changes(),
             plan_show_metrics_text(p, &*w));
+        if (p.deadline_margin >= 0) {
+          std::cout << fmt::format(
+              "deadline margin {:.2f}%: predicted {:.4f} s <= {:.4f} s{}\n",
+              100 * p.deadline_margin, p.iteration_time_s, deadline * (1 - p.deadline_margin),
+              p.replayed_time_s >= 0
+                  ? fmt::format("; emulator replay {:.4f} s <= deadline {:.4f} s",
+                                p.replayed_time_s, deadline)
+                  : std::string("; not replayed (backend is not the emulator)"));
+        }
+        std::cout << power_model_text(w->gpu());
       }
       return 0;
     };

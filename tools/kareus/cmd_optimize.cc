@@ -77,7 +77,7 @@ void register_optimize(CLI::App& app, Action& action) {
       const bool json = args->json;
       check_planner_flags(flags);
       check_output_dir("--out", out);
-      const Workload w = load_workload(file);
+      const Workload w = load_job(file);
       ProfilingSession session = open_profiling(flags.profiling, w);
       const auto dir = make_dir(out);
       PipelineProgress progress(!flags.quiet);
@@ -115,7 +115,17 @@ void register_optimize(CLI::App& app, Action& action) {
           "max-throughput: {:.1f}% less time and {:.1f}% less energy than Megatron-LM\n",
           e.iso_time_energy_saving_pct, e.iso_energy_time_saving_pct,
           e.max_throughput_time_saving_pct, e.max_throughput_energy_saving_pct);
+      if (!e.iso_time_note.empty()) std::cout << "iso-time: " << e.iso_time_note << "\n";
       if (e.fallback) std::cout << "fallback: " << e.fallback_note << "\n";
+      for (const auto& l : e.own_losses) {
+        std::cout << fmt::format(
+            "Kareus's own frontier vs {}: {}\n", display_name(method_from_string(l.baseline)),
+            l.lost == 0 ? fmt::format("never loses ({} deadlines compared)", l.deadlines)
+                        : fmt::format("loses at {} of {} deadlines ({:.3f}..{:.3f} s), by up to "
+                                      "{:.2f}% energy",
+                                      l.lost, l.deadlines, l.from_s, l.to_s, l.worst_excess_pct));
+      }
+      for (const auto& n : e.notes) std::cout << "note: " << n << "\n";
       std::cout << fmt::format(
           "\nwrote {}/{{report.md, frontier.json, frontier.png, plans/, timelines/}}\n",
           dir.string());
@@ -197,7 +207,7 @@ int run_eval(const EvalArgs& a) {
   if (!a.out.empty()) check_output_file("--out", a.out);
   if (!a.report_out.empty()) check_output_file("--report", a.report_out);
   std::vector<Workload> workloads;
-  for (const auto& f : suite_files(a.suite)) workloads.push_back(load_workload(f));
+  for (const auto& f : suite_files(a.suite)) workloads.push_back(load_job(f));
   // One open in this thread first: a bad --db fails here, before any worker starts.
   if (!a.flags.profiling.db.empty()) open_profiling(a.flags.profiling, workloads.front());
   const auto t0 = std::chrono::steady_clock::now();

@@ -13,6 +13,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "kareus/error.h"
+#include "kareus/evaluate.h"
 #include "kareus/profiling_cost.h"
 #include "kareus/progress.h"
 #include "kareus/search_space.h"
@@ -183,7 +184,7 @@ void register_profile(CLI::App& app, Action& action) {
         std::filesystem::create_directories(std::filesystem::path(flags.db).parent_path(), ec);
       }
       check_profiling_flags(flags);
-      const Workload w = load_workload(file);
+      const Workload w = load_job(file);
       const PartitionSet ps = partition_workload(w);
       ProfilingSession session = open_profiling(flags, w);
       const GpuSpec& gpu = session.backend->gpu();
@@ -278,13 +279,18 @@ void register_profile(CLI::App& app, Action& action) {
         const PartitionConfig c{freq, sms, slot};
         validate_config(p, gpu, c);
         const Measurement m = session.cached->measure(p, c);
+        // Emulated energies say whether the GPU's power model is calibrated.
+        const bool emulated = flags.backend == "emulator";
         if (json) {
-          std::cout << measurement_json(m).dump(2) << "\n";
+          nlohmann::json j = measurement_json(m);
+          if (emulated) j["power_model"] = power_model_json(gpu);
+          std::cout << j.dump(2) << "\n";
         } else {
           std::cout << fmt::format(
               "{} at {} MHz, {} SMs, slot {}: {:.6f} s, {:.3f} J ({:.3f} J dynamic, {:.3f} J "
               "static)\n",
               p.key, freq, sms, slot, m.time_s, m.energy_j, m.dynamic_energy_j, m.static_energy_j);
+          if (emulated) std::cout << power_model_text(gpu);
         }
         return 0;
       }

@@ -17,6 +17,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "kareus/error.h"
+#include "kareus/evaluate.h"
 #include "kareus/progress.h"
 #include "kareus/search.h"
 #include "kareus/table.h"
@@ -106,7 +107,7 @@ void register_search(CLI::App& app, Action& action) {
       auto strat = create_search_strategy(strategy);
       if (!ask.empty()) check_output_file("--ask", ask);
       check_profiling_flags(flags);
-      const Workload w = load_workload(file);
+      const Workload w = load_job(file);
       const PartitionSet ps = partition_workload(w);
       const Partition& p = ps.partition(partition);
       if (!ask.empty() && flags.backend == "trace" && !flags.trace.empty() &&
@@ -155,6 +156,7 @@ void register_search(CLI::App& app, Action& action) {
         for (const auto& pt : r.points) j["points"].push_back(search_point_json(pt));
         j["front"] = nlohmann::json::array();
         for (std::size_t i : front) j["front"].push_back(search_point_json(r.points[i]));
+        if (flags.backend == "emulator") j["power_model"] = power_model_json(w.gpu());
         std::cout << j.dump(2) << "\n";
         return 0;
       }
@@ -170,6 +172,7 @@ void register_search(CLI::App& app, Action& action) {
                    fmt::format("{:.4f}", pt.m.dynamic_energy_j)});
       }
       std::cout << t.render();
+      if (flags.backend == "emulator") std::cout << power_model_text(w.gpu());
       return 0;
     };
   });

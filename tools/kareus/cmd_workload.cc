@@ -1,10 +1,12 @@
-// `kareus workload show FILE [--json]`: the partitions and segments of a workload.
+// `kareus workload show FILE [--json]`: the partitions and segments of a workload and the
+// memory one GPU needs (src/workload/memory.cc).
 #include <fmt/format.h>
 
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "kareus/partition.h"
 #include "kareus/table.h"
@@ -62,6 +64,21 @@ nlohmann::json workload_json(const Workload& w, const PartitionSet& ps) {
     }
     j["partitions"].push_back(pj);
   }
+  const MemoryEstimate m = estimate_memory(w);
+  j["memory"] = {{"stage", m.stage},
+                 {"parameters", m.parameters},
+                 {"weights_bytes", m.weights_bytes},
+                 {"gradients_bytes", m.gradients_bytes},
+                 {"optimizer_bytes", m.optimizer_bytes},
+                 {"optimizer_distributed_bytes", m.optimizer_distributed_bytes},
+                 {"activations_bytes", m.activations_bytes},
+                 {"inflight_microbatches", m.inflight_microbatches},
+                 {"total_bytes", m.total_bytes()},
+                 {"total_distributed_bytes", m.total_distributed_bytes()},
+                 {"hbm_bytes", m.hbm_bytes},
+                 {"fits", m.fits()},
+                 {"what_if", w.what_if}};
+  j["warnings"] = workload_warnings(w);
   j["segments"] = nlohmann::json::array();
   for (const auto& s : ps.segments) {
     nlohmann::json sj = {{"name", s.name},
@@ -75,6 +92,35 @@ nlohmann::json workload_json(const Workload& w, const PartitionSet& ps) {
   return j;
 }
 
+std::string gib(double bytes) { return fmt::format("{:.2f} GiB", bytes / (1024.0 * 1024 * 1024)); }
+
+// Per-GPU memory of the stage that needs the most (a lower bound; memory.cc cites the formulas).
+std::string memory_text(const Workload& w) {
+  const MemoryEstimate m = estimate_memory(w);
+  TextTable t({"per GPU (stage " + std::to_string(m.stage) + ")", "memory", "formula"});
+  t.add_row({"weights (bf16)", gib(m.weights_bytes),
+             fmt::format("2 B x {:.3g} parameters", m.parameters)});
+  t.add_row({"gradients (bf16)", gib(m.gradients_bytes), "2 B/parameter"});
+  t.add_row(
+      {"optimizer state (Adam, fp32)", gib(m.optimizer_bytes), "12 B/parameter (ZeRO, SC '20)"});
+  t.add_row({"  with distributed optimizer", gib(m.optimizer_distributed_bytes),
+             fmt::format("12 B/parameter / dp {}", w.parallel.dp)});
+  t.add_row(
+      {"activations", gib(m.activations_bytes),
+       fmt::format("{} micro-batches in flight, recompute {} (Korthikanti et al. '22)",
+                   m.inflight_microbatches, w.recompute == Recompute::kFull ? "full" : "none")});
+  t.add_row({"total", gib(m.total_bytes()), "without distributed optimizer"});
+  t.add_row({"total", gib(m.total_distributed_bytes()), "with distributed optimizer"});
+  t.add_row({"GPU memory", gib(m.hbm_bytes), w.gpu_name});
+  std::string out =
+      "memory per GPU (lower bound: no CUDA context, NCCL buffers or fragmentation):\n";
+  out += t.render();
+  out += m.fits() ? "fits\n"
+                  : (w.what_if ? "does NOT fit: a what-if emulation (what_if: true)\n"
+                               : "does NOT fit\n");
+  return out;
+}
+
 std::string workload_text(const Workload& w, const PartitionSet& ps) {
   std::string out = fmt::format(
       "workload {}: {} on {} x {} ({} GPUs), tp {} cp {} pp {} dp {}{}, micro-batch {} x seq {}, "
@@ -86,6 +132,7 @@ std::string workload_text(const Workload& w, const PartitionSet& ps) {
   out += fmt::format("model FLOPs per iteration {}, hardware FLOPs (with recompute) {}\n\n",
                      human_flops(ps.graph.model_flops_per_iteration),
                      human_flops(ps.graph.hardware_flops_per_iteration));
+  out += memory_text(w) + "\n";
   TextTable t({"partition", "collective", "payload", "launch slots", "repeats", "compute FLOPs"});
   for (const auto& p : ps.partitions) {
     std::string slots;
@@ -130,7 +177,7 @@ void register_workload(CLI::App& app, Action& action) {
   show->add_flag("--json", args->json, "machine-readable output");
   show->callback([&action, args] {
     action = [args] {
-      const Workload w = load_workload(args->file);
+      const Workload w = load_job(args->file);
       const PartitionSet ps = partition_workload(w);
       if (args->json) {
         std::cout << workload_json(w, ps).dump(2) << "\n";
