@@ -583,6 +583,7 @@ std::vector<std::pair<std::size_t, int>> merge_moves(const std::vector<ClockRun>
   std::stable_sort(down.begin(), down.end(),
                    [&](std::size_t a, std::size_t b) { return runs[a].time_s < runs[b].time_s; });
   std::vector<std::pair<std::size_t, int>> moves;
+  moves.reserve(up.size() + down.size());
   for (std::size_t n : up) moves.push_back({r, runs[n].freq});
   for (std::size_t n : down) moves.push_back({n, runs[r].freq});
   return moves;
