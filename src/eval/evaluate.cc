@@ -324,6 +324,56 @@ nlohmann::json point_json(const FrontierSummaryPoint& p, const WorkloadEvaluatio
           {"label", label},
           {"metrics", to_json(e.metrics(p))}};
 }
+// Kareus's own frontier against the baselines, before any fallback.
+nlohmann::json own_frontier_json(const WorkloadEvaluation& e) {
+  nlohmann::json own;
+  own["iso_time_s"] = e.own_has_iso_time ? nlohmann::json(e.own_iso_time_point.iteration_time_s)
+                                         : nlohmann::json(nullptr);
+  own["iso_time_energy_j"] =
+      e.own_has_iso_time ? nlohmann::json(e.own_iso_time_point.energy_j) : nlohmann::json(nullptr);
+  own["iso_time_energy_saving_pct"] = e.own_has_iso_time
+                                          ? nlohmann::json(e.own_iso_time_energy_saving_pct)
+                                          : nlohmann::json(nullptr);
+  own["iso_time_note"] = e.iso_time_note;
+  own["losses"] = nlohmann::json::array();
+  for (const auto& l : e.own_losses) {
+    own["losses"].push_back({{"baseline", l.baseline},
+                             {"deadlines", l.deadlines},
+                             {"lost", l.lost},
+                             {"worst_excess_pct", l.worst_excess_pct},
+                             {"from_s", l.from_s},
+                             {"to_s", l.to_s}});
+  }
+  return own;
+}
+nlohmann::json profiling_json(const WorkloadEvaluation& e) {
+  nlohmann::json j = {{"points", e.measured + e.reused},
+                      {"measured", e.measured},
+                      {"reused", e.reused},
+                      {"cost_estimate", e.profiling_cost.to_json()}};
+  for (const auto& s : e.searches) {
+    j["partitions"].push_back({{"key", s.key},
+                               {"space", s.space},
+                               {"evaluations", s.evaluations},
+                               {"coverage_points", s.coverage_points}});
+  }
+  return j;
+}
+nlohmann::json replay_json(const WorkloadEvaluation& e) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& r : e.replays) {
+    const auto plan = e.plans.find(r.plan);
+    j.push_back({{"plan", r.plan},
+                 {"label", plan == e.plans.end() ? "" : plan->second.label},
+                 {"predicted_time_s", r.predicted_time_s},
+                 {"emulated_time_s", r.emulated_time_s},
+                 {"predicted_energy_j", r.predicted_energy_j},
+                 {"emulated_energy_j", r.emulated_energy_j},
+                 {"time_error", r.time_error()},
+                 {"energy_error", r.energy_error()}});
+  }
+  return j;
+}
 }  // namespace
 
 nlohmann::json to_json(const WorkloadEvaluation& e, bool with_plans) {
@@ -344,25 +394,7 @@ nlohmann::json to_json(const WorkloadEvaluation& e, bool with_plans) {
   j["kareus_labels"] = nlohmann::json::array();
   for (const auto& p : e.kareus) j["kareus_labels"].push_back(kareus_plan_label(p.method));
   j["kareus_without_fallback"] = points_json(e.kareus_only);
-  nlohmann::json own;
-  own["iso_time_s"] = e.own_has_iso_time ? nlohmann::json(e.own_iso_time_point.iteration_time_s)
-                                         : nlohmann::json(nullptr);
-  own["iso_time_energy_j"] =
-      e.own_has_iso_time ? nlohmann::json(e.own_iso_time_point.energy_j) : nlohmann::json(nullptr);
-  own["iso_time_energy_saving_pct"] = e.own_has_iso_time
-                                          ? nlohmann::json(e.own_iso_time_energy_saving_pct)
-                                          : nlohmann::json(nullptr);
-  own["iso_time_note"] = e.iso_time_note;
-  own["losses"] = nlohmann::json::array();
-  for (const auto& l : e.own_losses) {
-    own["losses"].push_back({{"baseline", l.baseline},
-                             {"deadlines", l.deadlines},
-                             {"lost", l.lost},
-                             {"worst_excess_pct", l.worst_excess_pct},
-                             {"from_s", l.from_s},
-                             {"to_s", l.to_s}});
-  }
-  j["own_frontier"] = std::move(own);
+  j["own_frontier"] = own_frontier_json(e);
   j["notes"] = e.notes;
   j["power_model"] = {{"calibrated", e.power_calibrated}, {"source", e.power_source}};
   j["perseus"] = points_json(e.perseus);
@@ -386,27 +418,8 @@ nlohmann::json to_json(const WorkloadEvaluation& e, bool with_plans) {
   for (const auto& [name, p] : e.plans) {
     j["plan_metrics"][name] = to_json(throughput_metrics(e.job, p.iteration_time_s, p.energy_j));
   }
-  j["profiling"] = {{"points", e.measured + e.reused},
-                    {"measured", e.measured},
-                    {"reused", e.reused},
-                    {"cost_estimate", e.profiling_cost.to_json()}};
-  for (const auto& s : e.searches) {
-    j["profiling"]["partitions"].push_back({{"key", s.key},
-                                            {"space", s.space},
-                                            {"evaluations", s.evaluations},
-                                            {"coverage_points", s.coverage_points}});
-  }
-  for (const auto& r : e.replays) {
-    const auto plan = e.plans.find(r.plan);
-    j["replay"].push_back({{"plan", r.plan},
-                           {"label", plan == e.plans.end() ? "" : plan->second.label},
-                           {"predicted_time_s", r.predicted_time_s},
-                           {"emulated_time_s", r.emulated_time_s},
-                           {"predicted_energy_j", r.predicted_energy_j},
-                           {"emulated_energy_j", r.emulated_energy_j},
-                           {"time_error", r.time_error()},
-                           {"energy_error", r.energy_error()}});
-  }
+  j["profiling"] = profiling_json(e);
+  if (!e.replays.empty()) j["replay"] = replay_json(e);
   if (with_plans) {
     for (const auto& [name, p] : e.plans) j["plans"][name] = p.to_json();
   }
