@@ -20,9 +20,11 @@ namespace kareus {
 struct SearchOptions {
   int budget = 224;  ///< measurements; a budget >= the space size measures it all
   std::uint64_t seed = 1;
-  // mbo. Defaults follow the artifact: 96 random points, then 4 batches of 32.
-  int initial_points = 96;                ///< scaled by budget/224 when the budget is smaller
-  int batch_size = 32;                    ///< scaled like initial_points (at least 8)
+  // mbo. The schedule does not depend on the budget (an initial design, then fixed batches), so
+  // a search with budget b measures exactly the first b points of one with a larger budget when
+  // b falls on a batch boundary (28, 56, 84, ... with the defaults).
+  int initial_points = 28;                ///< initial design size
+  int batch_size = 28;                    ///< points per refit
   double share_hvi_total = 0.4;           ///< HVI on (time, total energy)
   double share_hvi_dynamic = 0.2;         ///< HVI on (time, dynamic energy)
   double share_fastest = 0.2;             ///< lowest predicted time
@@ -30,6 +32,21 @@ struct SearchOptions {
   std::string initial_design = "random";  ///< random or lhs (Latin hypercube over the knobs)
   double stop_threshold = 0;  ///< stop when a batch raises the measured hypervolume by less
                               ///< than this fraction (0: never stop early)
+  /// mbo's surrogate: "additive" (a two-way additive model of log time and log dynamic energy
+  /// over clock and (SMs, slot), with tree ensembles on its residuals) or "trees" (tree
+  /// ensembles on the raw objectives, the artifact's).
+  std::string surrogate = "additive";
+  /// How mbo picks its recommended front (SearchResult::selected): "smoothed" (Pareto set of
+  /// noise-shrunk estimates, see select_front) or "measured" (Pareto set of the raw
+  /// measurements, the artifact's choice).
+  std::string selection = "smoothed";
+  /// Smoothed selection: weight of the measurement in each estimate, the rest is the
+  /// cross-fitted surrogate prediction (1: measured front, 0: prediction only); -1: automatic,
+  /// per objective, from noise_rel (see select_front).
+  double measurement_weight = 0.5;
+  /// Relative standard deviation of one measurement (its repeatability; the emulator's default
+  /// noise is 0.01), used by the automatic measurement weight.
+  double noise_rel = 0.01;
   EnsembleParams ensemble;
 };
 
@@ -47,7 +64,10 @@ struct SearchResult {
   double surrogate_seconds = 0;     ///< model fits and acquisition (excludes measuring)
   int batches = 0;
   bool stopped_early = false;
-  /// Indices into points: the Pareto set on (time_s, energy_j).
+  /// Indices into points: the configurations the strategy recommends, a Pareto set on
+  /// (time_s, energy_j) of its estimates (mbo: select_front; random, exhaustive: front()).
+  std::vector<std::size_t> selected;
+  /// Indices into points: the Pareto set of the measurements on (time_s, energy_j).
   std::vector<std::size_t> front() const;
   /// For every clock, indices of the Pareto-optimal points on (time_s, dynamic_energy_j).
   std::map<int, std::vector<std::size_t>> fronts_per_frequency() const;
@@ -76,6 +96,19 @@ bool register_search_strategy(const std::string& name, SearchStrategyFactory fac
 /// Creates a strategy by name; an unknown name throws InvalidInput listing the valid names.
 std::unique_ptr<SearchStrategy> create_search_strategy(const std::string& name);
 std::vector<std::string> search_strategy_names();
+
+/// The configurations to recommend from measured points (indices into `points`, time
+/// ascending): with o.selection == "smoothed", the Pareto set on (time_s, energy_j) of
+/// estimates m * w + (1 - w) * p, where m is the measurement, p the prediction of the additive
+/// model plus residual trees fitted on the other folds (5-fold cross-fitting, so p never saw
+/// m's noise) and w = o.measurement_weight, or with -1, per objective,
+/// max(0, 1 - noise_rel^2 / mean squared log residual of m against p): the share of the
+/// residual that is model error rather than noise. Near-ties measured with noise otherwise let
+/// lucky draws push truly better configurations off the front. "measured": the Pareto set of the
+/// measurements. Fewer than 16 points, or a space of one configuration per clock, fall back to
+/// "measured". Deterministic given o.seed.
+std::vector<std::size_t> select_front(const std::vector<SearchPoint>& points,
+                                      const SearchSpace& space, const SearchOptions& o);
 
 /// Normalized hypervolume of measured points on (time_s, energy_j): objectives min-max scaled
 /// by `lo`/`hi`, reference point 1.1 in each scaled objective.

@@ -23,6 +23,10 @@ struct XgbParams {
   double subsample = 0.8;
   double colsample_bytree = 0.8;
   int rounds = 100;
+  double min_child_weight = 1;  ///< XGBoost's default; larger values smooth noisy targets
+  /// XGBoost's monotone_constraints, e.g. "(-1,0,0)": -1 makes the prediction non-increasing
+  /// in that feature. Empty: none.
+  std::string monotone_constraints;
   int nthread = 1;  ///< one thread: deterministic, and searches can run in parallel
   std::uint64_t seed = 0;
 };

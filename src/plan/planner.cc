@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <optional>
 #include <set>
@@ -620,6 +621,55 @@ bool retarget_run(const MethodFrontier& f, const std::vector<int>& nodes, const 
   return true;
 }
 
+// The clocks at which every instruction of `run` has an option.
+std::set<int> clocks_of_run(const MethodFrontier& f, const std::vector<int>& nodes,
+                            const ClockRun& run) {
+  std::set<int> common;
+  for (std::size_t k = run.begin; k < run.end; ++k) {
+    std::set<int> mine;
+    for (const auto& o : f.node_options(static_cast<std::size_t>(nodes[k]))) {
+      mine.insert(o.freq_mhz);
+    }
+    if (k == run.begin) {
+      common = std::move(mine);
+    } else {
+      std::erase_if(common, [&](int c) { return mine.count(c) == 0; });
+    }
+  }
+  return common;
+}
+
+// When neither run's clock exists in the other's options (a search measures each partition at
+// the clocks it chose, so two partitions need not share every clock), both runs move to a clock
+// they all have: the one nearest the faster run's clock (toward the faster side) or the slower
+// run's. Neighbours are tried shorter first. False when no neighbour shares any clock.
+bool retarget_pair_to_common_clock(const MethodFrontier& f, const std::vector<int>& nodes,
+                                   const std::vector<ClockRun>& runs, std::size_t r,
+                                   bool toward_faster, std::vector<int>& out) {
+  std::vector<std::size_t> nbs;
+  if (r > 0) nbs.push_back(r - 1);
+  if (r + 1 < runs.size()) nbs.push_back(r + 1);
+  std::stable_sort(nbs.begin(), nbs.end(),
+                   [&](std::size_t a, std::size_t b) { return runs[a].time_s < runs[b].time_s; });
+  const std::set<int> own = clocks_of_run(f, nodes, runs[r]);
+  for (std::size_t n : nbs) {
+    std::set<int> common = clocks_of_run(f, nodes, runs[n]);
+    std::erase_if(common, [&](int c) { return own.count(c) == 0; });
+    if (common.empty()) continue;
+    const int aim =
+        toward_faster ? std::max(runs[r].freq, runs[n].freq) : std::min(runs[r].freq, runs[n].freq);
+    int target = *common.begin();
+    for (int c : common) {
+      if (std::abs(c - aim) < std::abs(target - aim)) target = c;
+    }
+    // Both succeed: every instruction of both runs has an option at `target`.
+    retarget_run(f, nodes, runs[r], target, out);
+    retarget_run(f, nodes, runs[n], target, out);
+    return true;
+  }
+  return false;
+}
+
 // One step of hold_clocks on one stage: merges (or, when no neighbour can take part, freezes)
 // the shortest run below `min_hold_s`. False when every run lasts long enough.
 bool merge_shortest_run(const MethodFrontier& f, const std::vector<int>& nodes, double min_hold_s,
@@ -637,6 +687,7 @@ bool merge_shortest_run(const MethodFrontier& f, const std::vector<int>& nodes, 
   for (const auto& [which, target] : merge_moves(runs, *shortest, toward_faster)) {
     if (retarget_run(f, nodes, runs[which], target, out)) return true;
   }
+  if (retarget_pair_to_common_clock(f, nodes, runs, *shortest, toward_faster, out)) return true;
   frozen.insert(nodes[runs[*shortest].begin]);  // no neighbour's clock can take it
   return true;
 }

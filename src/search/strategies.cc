@@ -125,6 +125,7 @@ class ExhaustiveSearch : public SearchStrategy {
     std::iota(all.begin(), all.end(), 0);
     rec.measure_batch(all);
     rec.result.strategy = name();
+    rec.result.selected = rec.result.front();
     return rec.result;
   }
 };
@@ -141,6 +142,7 @@ class RandomSearch : public SearchStrategy {
     order.resize(n);
     rec.measure_batch(order);
     rec.result.strategy = name();
+    rec.result.selected = rec.result.front();
     return rec.result;
   }
 };
@@ -162,12 +164,121 @@ struct Scale {
   double operator()(double v) const { return (v - lo) / scale; }
 };
 
+// Features of a configuration: clock (column 0, so monotone constraints can name it), SMs,
+// launch slot as its position (slots are ordered along the partition's ops) and one-hot.
+void config_features(const SearchSpace& space, const PartitionConfig& c, float* row) {
+  row[0] = static_cast<float>(c.freq_mhz);
+  row[1] = static_cast<float>(c.sms);
+  const auto slot = std::find(space.slots.begin(), space.slots.end(), c.slot);
+  const auto k = static_cast<std::size_t>(slot - space.slots.begin());
+  row[2] = static_cast<float>(k);
+  if (k < space.slots.size()) row[3 + k] = 1.0f;
+}
+
+std::size_t feature_count(const SearchSpace& space) { return 3 + space.slots.size(); }
+
+// XGBoost monotone_constraints for a time model: non-increasing in the clock (column 0), free
+// in the other features.
+std::string monotone_in_clock(std::size_t cols) {
+  std::string s = "(-1";
+  for (std::size_t i = 1; i < cols; ++i) s += ",0";
+  return s + ")";
+}
+
+Matrix candidate_features(const SearchSpace& space) {
+  Matrix all;
+  all.rows = space.size();
+  all.cols = feature_count(space);
+  all.data.assign(all.rows * all.cols, 0.0f);
+  for (std::size_t i = 0; i < all.rows; ++i) {
+    config_features(space, space.at(i), all.data.data() + i * all.cols);
+  }
+  return all;
+}
+
+// Position of a configuration in the space's clock list and its (SMs, slot) combination:
+// the two factors of the additive model below.
+struct Levels {
+  std::size_t freq = 0, combo = 0;
+};
+
+Levels levels_of(const SearchSpace& space, const PartitionConfig& c) {
+  auto pos = [](const auto& v, const auto& x) {
+    return static_cast<std::size_t>(std::find(v.begin(), v.end(), x) - v.begin());
+  };
+  return {pos(space.freqs_mhz, c.freq_mhz),
+          pos(space.sms, c.sms) * space.slots.size() + pos(space.slots, c.slot)};
+}
+
+// Two-way additive model of log(y): log y = mu + a[clock] + b[SMs, slot] (Tukey's two-way
+// layout, fitted by backfitting; Hastie & Tibshirani, Generalized Additive Models, 1990). Why:
+// the clock scales the compute of every configuration by about the same factor, so the relative
+// merit of an (SMs, slot) choice carries over from the clocks where it was measured to those
+// where it was not, which trees on raw values learn only from many points. Effects shrink
+// toward 0 with a pseudo-count (an unseen combination predicts the average); unseen clocks
+// interpolate linearly between measured neighbours. Trees then fit what this model leaves.
+class AdditiveModel {
+ public:
+  AdditiveModel(const SearchSpace& space)
+      : freqs_(space.freqs_mhz),
+        a_(space.freqs_mhz.size(), 0.0),
+        b_(space.sms.size() * space.slots.size(), 0.0) {}
+
+  void fit(const std::vector<Levels>& lv, const std::vector<double>& log_y) {
+    constexpr double kPseudo = 1.0;
+    constexpr int kSweeps = 8;
+    mu_ = 0;
+    for (double v : log_y) mu_ += v;
+    mu_ /= static_cast<double>(std::max<std::size_t>(1, log_y.size()));
+    std::vector<double> sa(a_.size()), sb(b_.size());
+    std::vector<int> na(a_.size()), nb(b_.size());
+    for (const auto& l : lv) {
+      ++na[l.freq];
+      ++nb[l.combo];
+    }
+    for (int sweep = 0; sweep < kSweeps; ++sweep) {
+      std::fill(sa.begin(), sa.end(), 0.0);
+      for (std::size_t i = 0; i < lv.size(); ++i)
+        sa[lv[i].freq] += log_y[i] - mu_ - b_[lv[i].combo];
+      for (std::size_t f = 0; f < a_.size(); ++f) a_[f] = na[f] ? sa[f] / na[f] : 0.0;
+      std::fill(sb.begin(), sb.end(), 0.0);
+      for (std::size_t i = 0; i < lv.size(); ++i)
+        sb[lv[i].combo] += log_y[i] - mu_ - a_[lv[i].freq];
+      for (std::size_t c = 0; c < b_.size(); ++c) b_[c] = sb[c] / (nb[c] + kPseudo);
+    }
+    // Clocks without a measurement: linear in the clock between measured neighbours.
+    for (std::size_t f = 0; f < a_.size(); ++f) {
+      if (na[f]) continue;
+      std::size_t lo = a_.size(), hi = a_.size();
+      for (std::size_t g = 0; g < a_.size(); ++g) {
+        if (!na[g]) continue;
+        if (freqs_[g] < freqs_[f] && (lo == a_.size() || freqs_[g] > freqs_[lo])) lo = g;
+        if (freqs_[g] > freqs_[f] && (hi == a_.size() || freqs_[g] < freqs_[hi])) hi = g;
+      }
+      if (lo < a_.size() && hi < a_.size()) {
+        const double u = static_cast<double>(freqs_[f] - freqs_[lo]) / (freqs_[hi] - freqs_[lo]);
+        a_[f] = a_[lo] + u * (a_[hi] - a_[lo]);
+      } else if (lo < a_.size() || hi < a_.size()) {
+        a_[f] = a_[lo < a_.size() ? lo : hi];
+      }
+    }
+  }
+  double predict(const Levels& l) const { return mu_ + a_[l.freq] + b_[l.combo]; }
+
+ private:
+  std::vector<int> freqs_;
+  double mu_ = 0;
+  std::vector<double> a_, b_;
+};
+
+double safe_log(double v) { return std::log(std::max(v, 1e-300)); }
+
 // One batch of mbo: surrogates fitted on the measured points predict every unevaluated
 // candidate; then the passes (HVI on total and on dynamic energy, fastest, uncertain) pick.
 class BatchSelector {
  public:
-  BatchSelector(const Matrix& all, const Recorder& rec, const SearchOptions& o, double p_static,
-                std::uint64_t seed)
+  BatchSelector(const Matrix& all, const Recorder& rec, const SearchSpace& space,
+                const SearchOptions& o, double p_static, std::uint64_t seed)
       : pts_(rec.result.points) {
     for (const auto& p : pts_) {
       t_.push_back(p.m.time_s);
@@ -180,7 +291,7 @@ class BatchSelector {
     for (std::size_t i = 0; i < all.rows; ++i) {
       if (!rec.taken(i)) cand_.push_back(i);
     }
-    fit_and_predict(all, rec, o, p_static, seed);
+    fit_and_predict(all, rec, space, o, p_static, seed);
     chosen_.assign(cand_.size(), false);
   }
 
@@ -201,10 +312,33 @@ class BatchSelector {
   }
 
  private:
-  // Targets min-max normalized for training (trees are scale-free, squared error is not);
-  // predictions back in physical units.
-  void fit_and_predict(const Matrix& all, const Recorder& rec, const SearchOptions& o,
-                       double p_static, std::uint64_t seed) {
+  // "trees" (the artifact): trees on min-max normalized targets. "additive": the two-way
+  // additive model of log time and log dynamic energy, trees on its standardized residuals.
+  // Predictions back in physical units.
+  void fit_and_predict(const Matrix& all, const Recorder& rec, const SearchSpace& space,
+                       const SearchOptions& o, double p_static, std::uint64_t seed) {
+    const bool additive = o.surrogate == "additive";
+    AdditiveModel at(space), ad(space);
+    std::vector<Levels> lv;
+    for (std::size_t i = 0; i < pts_.size(); ++i) lv.push_back(levels_of(space, pts_[i].config));
+    std::vector<double> lt, ld;
+    for (std::size_t i = 0; i < pts_.size(); ++i) {
+      lt.push_back(safe_log(t_[i]));
+      ld.push_back(safe_log(d_[i]));
+    }
+    double rt_sd = 1, rd_sd = 1;
+    if (additive) {
+      at.fit(lv, lt);
+      ad.fit(lv, ld);
+      double st = 0, sd = 0;
+      for (std::size_t i = 0; i < pts_.size(); ++i) {
+        st += std::pow(lt[i] - at.predict(lv[i]), 2);
+        sd += std::pow(ld[i] - ad.predict(lv[i]), 2);
+      }
+      const double n = static_cast<double>(std::max<std::size_t>(1, pts_.size()));
+      rt_sd = std::max(std::sqrt(st / n), 1e-12);
+      rd_sd = std::max(std::sqrt(sd / n), 1e-12);
+    }
     Matrix x;
     x.rows = pts_.size();
     x.cols = all.cols;
@@ -212,8 +346,13 @@ class BatchSelector {
     for (std::size_t i = 0; i < pts_.size(); ++i) {
       const float* r = all.row(rec.order[i]);
       x.data.insert(x.data.end(), r, r + all.cols);
-      yt.push_back(static_cast<float>(ts_(t_[i])));
-      yd.push_back(static_cast<float>(ds_(d_[i])));
+      if (additive) {
+        yt.push_back(static_cast<float>((lt[i] - at.predict(lv[i])) / rt_sd));
+        yd.push_back(static_cast<float>((ld[i] - ad.predict(lv[i])) / rd_sd));
+      } else {
+        yt.push_back(static_cast<float>(ts_(t_[i])));
+        yd.push_back(static_cast<float>(ds_(d_[i])));
+      }
     }
     BootstrapEnsemble et(o.ensemble, seed * 2 + 1), ed(o.ensemble, seed * 2 + 2);
     et.fit(x, yt);
@@ -229,8 +368,17 @@ class BatchSelector {
     pd_.resize(cand_.size());
     pe_.resize(cand_.size());
     for (std::size_t j = 0; j < cand_.size(); ++j) {
-      pt_[j] = ts_.lo + mt[j] * ts_.scale;
-      pd_[j] = ds_.lo + md[j] * ds_.scale;
+      if (additive) {
+        const Levels l = levels_of(space, space.at(cand_[j]));
+        pt_[j] = std::exp(at.predict(l) + mt[j] * rt_sd);
+        pd_[j] = std::exp(ad.predict(l) + md[j] * rd_sd);
+        // Spreads in relative units, comparable to the normalized ones of "trees".
+        st_[j] = st_[j] * rt_sd * pt_[j] / ts_.scale;
+        sd_[j] = sd_[j] * rd_sd * pd_[j] / ds_.scale;
+      } else {
+        pt_[j] = ts_.lo + mt[j] * ts_.scale;
+        pd_[j] = ds_.lo + md[j] * ds_.scale;
+      }
       pe_[j] = pd_[j] + p_static * pt_[j];
     }
   }
@@ -334,37 +482,20 @@ class MboSearch : public SearchStrategy {
     rec.result.strategy = name();
     const double p_static = prof.backend().static_power_w();
 
-    // Features of every candidate: clock, SMs, slot one-hot.
-    Matrix all;
-    all.rows = total;
-    all.cols = 2 + space.slots.size();
-    all.data.assign(all.rows * all.cols, 0.0f);
-    for (std::size_t i = 0; i < total; ++i) {
-      const auto c = space.at(i);
-      float* row = all.data.data() + i * all.cols;
-      row[0] = static_cast<float>(c.freq_mhz);
-      row[1] = static_cast<float>(c.sms);
-      const auto slot = std::find(space.slots.begin(), space.slots.end(), c.slot);
-      row[2 + static_cast<std::size_t>(slot - space.slots.begin())] = 1.0f;
-    }
+    const Matrix all = candidate_features(space);
 
-    // Initial design. Below the reference budget (224) it shrinks in proportion.
-    const double scale = std::min(1.0, static_cast<double>(o.budget) / 224.0);
-    std::size_t init = static_cast<std::size_t>(std::llround(o.initial_points * scale));
-    init = std::clamp<std::size_t>(init, std::min<std::size_t>(n, 8), n);
+    // Initial design, then fixed batches: the schedule does not depend on the budget, so a
+    // smaller budget measures a prefix of a larger one's points (and benchmarks score every
+    // budget from one run).
+    const std::size_t init = std::min<std::size_t>(n, static_cast<std::size_t>(o.initial_points));
     rec.measure_batch(initial_design(space, init, o));
-
-    // Batches shrink with the budget as well, keeping the artifact's four refits: a small budget
-    // gains more from refitting often than from large batches chosen by a weak model.
-    const std::size_t batch_size =
-        std::max<std::size_t>(std::min<std::size_t>(8, static_cast<std::size_t>(o.batch_size)),
-                              static_cast<std::size_t>(std::llround(o.batch_size * scale)));
+    const std::size_t batch_size = static_cast<std::size_t>(o.batch_size);
     std::uint64_t batch_seed = o.seed;
     while (rec.result.points.size() < n) {
       const std::size_t b = std::min<std::size_t>(batch_size, n - rec.result.points.size());
       const double hv_before = measured_hv(rec.result);
       const auto t0 = std::chrono::steady_clock::now();
-      const auto batch = select_batch(all, rec, b, o, p_static, ++batch_seed);
+      const auto batch = select_batch(all, rec, space, b, o, p_static, ++batch_seed);
       rec.result.surrogate_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       rec.measure_batch(batch);
@@ -377,6 +508,10 @@ class MboSearch : public SearchStrategy {
         }
       }
     }
+    const auto t0 = std::chrono::steady_clock::now();
+    rec.result.selected = select_front(rec.result.points, space, o);
+    rec.result.surrogate_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return rec.result;
   }
 
@@ -395,6 +530,19 @@ class MboSearch : public SearchStrategy {
                       o.share_hvi_total, o.share_hvi_dynamic, o.share_fastest, o.share_uncertain));
     }
     initial_design_of(o);  // throws on an unknown name
+    if (o.surrogate != "additive" && o.surrogate != "trees") {
+      bad(fmt::format("--surrogate '{}': allowed additive, trees", o.surrogate));
+    }
+    if (o.selection != "smoothed" && o.selection != "measured") {
+      bad(fmt::format("--selection '{}': allowed smoothed, measured", o.selection));
+    }
+    if (!(o.measurement_weight >= 0 && o.measurement_weight <= 1) && o.measurement_weight != -1) {
+      bad(fmt::format("--measurement-weight must be in [0, 1] or -1 (automatic), got {}",
+                      o.measurement_weight));
+    }
+    if (!(o.noise_rel >= 0 && o.noise_rel < 1)) {
+      bad(fmt::format("--noise-rel must be in [0, 1), got {}", o.noise_rel));
+    }
     if (o.ensemble.members < 2) bad("the ensemble needs at least 2 members");
   }
 
@@ -448,14 +596,133 @@ class MboSearch : public SearchStrategy {
 
   // One batch: the four passes over the unevaluated candidates (BatchSelector).
   static std::vector<std::size_t> select_batch(const Matrix& all, const Recorder& rec,
-                                               std::size_t b, const SearchOptions& o,
-                                               double p_static, std::uint64_t seed) {
-    BatchSelector sel(all, rec, o, p_static, seed);
+                                               const SearchSpace& space, std::size_t b,
+                                               const SearchOptions& o, double p_static,
+                                               std::uint64_t seed) {
+    BatchSelector sel(all, rec, space, o, p_static, seed);
     return sel.select(b, o);
   }
 };
 
 }  // namespace
+
+namespace {
+
+// Inputs shared by the cross-fitted predictions of select_front.
+struct CrossFit {
+  const SearchSpace& space;
+  Matrix x;                       ///< features of the measured points
+  std::vector<std::size_t> fold;  ///< fold of each point
+  std::vector<Levels> lv;         ///< additive-model levels of each point
+  std::uint64_t seed;
+};
+
+constexpr std::size_t kFolds = 5;
+
+// Cross-fitted prediction of log(v) at the held-out points of fold k: the additive model plus
+// shallow, shrunk trees on what it leaves (the target is the smooth part of the response, not
+// each draw).
+void fit_fold(const CrossFit& cf, std::size_t k, const std::vector<double>& v,
+              std::vector<double>& out, bool monotone) {
+  std::vector<Levels> lv_tr;
+  std::vector<double> ly_tr;
+  Matrix tr, te;
+  tr.cols = te.cols = cf.x.cols;
+  std::vector<std::size_t> held;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    Matrix& dst = cf.fold[i] == k ? te : tr;
+    dst.data.insert(dst.data.end(), cf.x.row(i), cf.x.row(i) + cf.x.cols);
+    ++dst.rows;
+    if (cf.fold[i] == k) {
+      held.push_back(i);
+    } else {
+      lv_tr.push_back(cf.lv[i]);
+      ly_tr.push_back(safe_log(v[i]));
+    }
+  }
+  if (held.empty()) return;
+  AdditiveModel am(cf.space);
+  am.fit(lv_tr, ly_tr);
+  std::vector<float> res;
+  double ss = 0;
+  for (std::size_t i = 0; i < lv_tr.size(); ++i) {
+    res.push_back(static_cast<float>(ly_tr[i] - am.predict(lv_tr[i])));
+    ss += res.back() * static_cast<double>(res.back());
+  }
+  const double sd = std::max(std::sqrt(ss / static_cast<double>(res.size())), 1e-12);
+  for (auto& r : res) r = static_cast<float>(r / sd);
+  XgbParams p;
+  p.max_depth = 4;
+  p.eta = 0.1;
+  p.rounds = 60;
+  p.subsample = 1.0;
+  p.colsample_bytree = 1.0;
+  p.min_child_weight = 2;
+  p.seed = cf.seed * 131 + k;
+  // Log time does not increase with the clock; the additive part is not constrained, so
+  // this only keeps the residual trees from adding non-monotone noise.
+  if (monotone) p.monotone_constraints = monotone_in_clock(cf.x.cols);
+  XgbRegressor m(p);
+  m.fit(tr, res);
+  const auto q = m.predict(te);
+  for (std::size_t j = 0; j < held.size(); ++j) {
+    out[held[j]] = std::exp(am.predict(cf.lv[held[j]]) + q[j] * sd);
+  }
+}
+
+// Weight of the measurement: fixed, or the empirical-Bayes share of the model's own error in
+// the cross-fitted residuals, whose variance is model error + noise (relative, so in logs):
+// w = max(0, 1 - noise^2 / residual variance).
+double measurement_weight(const SearchOptions& o, const std::vector<double>& m,
+                          const std::vector<double>& pred) {
+  if (o.measurement_weight >= 0) return o.measurement_weight;
+  double v = 0;
+  for (std::size_t i = 0; i < m.size(); ++i) v += std::pow(safe_log(m[i]) - safe_log(pred[i]), 2);
+  v /= static_cast<double>(m.size());
+  return v > 0 ? std::clamp(1.0 - o.noise_rel * o.noise_rel / v, 0.0, 1.0) : 0.0;
+}
+
+}  // namespace
+
+std::vector<std::size_t> select_front(const std::vector<SearchPoint>& points,
+                                      const SearchSpace& space, const SearchOptions& o) {
+  std::vector<Point2> measured;
+  measured.reserve(points.size());
+  for (const auto& p : points) measured.push_back({p.m.time_s, p.m.energy_j});
+  if (o.selection == "measured" || points.size() < 16 ||
+      space.sms.size() * space.slots.size() < 2) {
+    return pareto_front(measured);
+  }
+  CrossFit cf{space, {}, std::vector<std::size_t>(points.size()), {}, o.seed};
+  cf.x.rows = points.size();
+  cf.x.cols = feature_count(space);
+  cf.x.data.assign(cf.x.rows * cf.x.cols, 0.0f);
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    config_features(space, points[i].config, cf.x.data.data() + i * cf.x.cols);
+  }
+  // Seeded fold assignment: point i is predicted by trees that never saw it.
+  const auto order = shuffled(points.size(), o.seed ^ 0x9e3779b97f4a7c15ULL);
+  for (std::size_t r = 0; r < order.size(); ++r) cf.fold[order[r]] = r % kFolds;
+  std::vector<double> t, e;
+  for (const auto& p : points) {
+    t.push_back(p.m.time_s);
+    e.push_back(p.m.energy_j);
+  }
+  cf.lv.reserve(points.size());
+  for (const auto& p : points) cf.lv.push_back(levels_of(space, p.config));
+  std::vector<double> pt(points.size()), pe(points.size());
+  for (std::size_t k = 0; k < kFolds; ++k) {
+    fit_fold(cf, k, t, pt, true);
+    fit_fold(cf, k, e, pe, false);
+  }
+  const double wt = measurement_weight(o, t, pt), we = measurement_weight(o, e, pe);
+  std::vector<Point2> est;
+  est.reserve(points.size());
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    est.push_back({wt * t[i] + (1 - wt) * pt[i], we * e[i] + (1 - we) * pe[i]});
+  }
+  return pareto_front(est);
+}
 
 namespace {
 

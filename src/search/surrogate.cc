@@ -8,6 +8,7 @@
 #include <cmath>
 #include <mutex>
 #include <random>
+#include <utility>
 
 #include "kareus/error.h"
 
@@ -46,7 +47,7 @@ struct XgbRegressor::Impl {
 };
 
 XgbRegressor::XgbRegressor(XgbParams p) : impl_(std::make_unique<Impl>()) {
-  impl_->p = p;
+  impl_->p = std::move(p);
   quiet_xgboost();
 }
 XgbRegressor::~XgbRegressor() = default;
@@ -76,6 +77,8 @@ void XgbRegressor::fit(const Matrix& x, const std::vector<float>& y) {
   set("eta", fmt::format("{}", p.eta));
   set("subsample", fmt::format("{}", p.subsample));
   set("colsample_bytree", fmt::format("{}", p.colsample_bytree));
+  set("min_child_weight", fmt::format("{}", p.min_child_weight));
+  if (!p.monotone_constraints.empty()) set("monotone_constraints", p.monotone_constraints);
   set("nthread", std::to_string(p.nthread));
   set("seed", std::to_string(p.seed % 2147483647ULL));
   set("verbosity", "0");
@@ -93,7 +96,7 @@ std::vector<float> XgbRegressor::predict(const Matrix& x) const {
   return std::vector<float>(out, out + len);
 }
 
-BootstrapEnsemble::BootstrapEnsemble(EnsembleParams p, std::uint64_t seed) : p_(p), seed_(seed) {}
+BootstrapEnsemble::BootstrapEnsemble(EnsembleParams p, std::uint64_t seed) : p_(std::move(p)), seed_(seed) {}
 
 void BootstrapEnsemble::fit(const Matrix& x, const std::vector<float>& y) {
   members_.clear();

@@ -498,5 +498,56 @@ TEST(ClockSwitch, MinClockHoldOptionAndCli) {
       2);
 }
 
+// A search measures each partition at the clocks it chose, so a stage's forward and backward
+// tables need not share every clock. Hand-built case: stage 0's forward options exist at clocks
+// {A, C} only and its backward options at {B, C}; forwards run at A and backwards at B, so
+// neither run can take its neighbour's clock, and holding one clock per stage must move both to
+// C, the only clock they share.
+TEST(HoldClocks, RunsWithoutASharedNeighbourClockMeetAtACommonOne) {
+  MethodFrontier f = planned().f;
+  auto clocks = [](const std::vector<InstructionOption>& t) {
+    std::set<int> c;
+    for (const auto& o : t) c.insert(o.freq_mhz);
+    return c;
+  };
+  const std::set<int> fwd = clocks(f.tables[0]), bwd = clocks(f.tables[1]);
+  std::vector<int> common;
+  for (int c : fwd) {
+    if (bwd.count(c)) common.push_back(c);
+  }
+  ASSERT_GE(common.size(), 3u);
+  const int a = common.back(), b = common[common.size() - 2], c = common.front();
+  auto keep = [](std::vector<InstructionOption>& t, std::set<int> allowed) {
+    std::erase_if(t, [&](const InstructionOption& o) { return allowed.count(o.freq_mhz) == 0; });
+  };
+  keep(f.tables[0], {a, c});
+  keep(f.tables[1], {b, c});
+  const Workload& w = planned().w;
+  build_iteration_dag(w, partition_workload(w), f);
+  std::vector<int> choice(f.dag.nodes.size(), 0);
+  int stage0_nodes = 0;
+  for (std::size_t i = 0; i < choice.size(); ++i) {
+    const int t = f.node_table[i];
+    if (t != 0 && t != 1) continue;
+    ++stage0_nodes;
+    const int want = t == 0 ? a : b;
+    const auto& opts = f.node_options(i);
+    for (std::size_t j = 0; j < opts.size(); ++j) {
+      if (opts[j].freq_mhz == want) choice[i] = static_cast<int>(j);
+    }
+  }
+  ASSERT_GT(stage0_nodes, 2);
+  EXPECT_GT(schedule_with_switches(f, choice, 0.015).clock_changes[0], 0);
+  for (bool faster : {true, false}) {
+    const std::vector<int> held = hold_clocks(f, choice, 1e300, faster);
+    EXPECT_EQ(schedule_with_switches(f, held, 0.015).clock_changes[0], 0) << faster;
+    for (std::size_t i = 0; i < held.size(); ++i) {
+      if (f.node_table[i] == 0 || f.node_table[i] == 1) {
+        EXPECT_EQ(f.node_options(i)[static_cast<std::size_t>(held[i])].freq_mhz, c) << i;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kareus

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -78,36 +80,106 @@ TEST(Search, BudgetBeyondSpaceMeasuresItAll) {
   }
 }
 
-TEST(Search, MboBeatsRandomOnAPartition) {
+// Scored by truth (issue 13): the configurations a search recommends, evaluated without noise,
+// against the noise-free exhaustive front. On Llama's bwd_mlp the front is one (SMs, slot)
+// choice at every clock, about 1% better than its neighbours, so 1% noise lets lucky draws
+// displace it; the artifact's MBO (tree surrogates, measured front) lost to random search here.
+TEST(Search, MboBeatsRandomByTruthOnAnMlpPartition) {
   Fixture f;
   const auto& p = f.ps.partition("bwd_mlp");
   const auto space = make_search_space(p, f.w.gpu());
-  SearchOptions o;
-  const auto ex = create_search_strategy("exhaustive")->run(p, space, f.cp, o, {});
+  EmulatorProfiler oracle{test::emulator_options(f.w.gpu_name, 0.0, 1)};
   Point2 lo{1e300, 1e300}, hi{0, 0};
   std::vector<Point2> all;
-  for (const auto& x : ex.points) {
-    all.push_back({x.m.time_s, x.m.energy_j});
-    lo = {std::min(lo.x, x.m.time_s), std::min(lo.y, x.m.energy_j)};
-    hi = {std::max(hi.x, x.m.time_s), std::max(hi.y, x.m.energy_j)};
+  for (const auto& c : space.configs()) {
+    const auto m = oracle.measure(p, c);
+    all.push_back({m.time_s, m.energy_j});
+    lo = {std::min(lo.x, m.time_s), std::min(lo.y, m.energy_j)};
+    hi = {std::max(hi.x, m.time_s), std::max(hi.y, m.energy_j)};
   }
   const double full = normalized_hypervolume(all, lo, hi);
-  auto frac = [&](const char* name, std::uint64_t seed) {
-    o.seed = seed;
-    o.budget = 224;
-    const auto r = create_search_strategy(name)->run(p, space, f.cp, o, {});
-    std::vector<Point2> pts;
-    for (const auto& x : r.points) pts.push_back({x.m.time_s, x.m.energy_j});
-    return normalized_hypervolume(pts, lo, hi) / full;
+  auto truth = [&](const SearchResult& r, const std::vector<std::size_t>& idx) {
+    std::vector<Point2> q;
+    for (std::size_t i : idx) {
+      const auto m = oracle.measure(p, r.points[i].config);
+      q.push_back({m.time_s, m.energy_j});
+    }
+    return normalized_hypervolume(q, lo, hi) / full;
   };
-  double mbo = 0, rnd = 0;
+  double mbo = 0, mbo_measured_front = 0, rnd = 0;
   for (std::uint64_t s = 1; s <= 3; ++s) {
-    mbo += frac("mbo", s) / 3;
-    rnd += frac("random", s) / 3;
+    EmulatorProfiler noisy{test::emulator_options(f.w.gpu_name, 0.01, s)};
+    CachedProfiler cp{noisy, nullptr};
+    SearchOptions o;
+    o.seed = s;
+    const auto m = create_search_strategy("mbo")->run(p, space, cp, o, {});
+    const auto r = create_search_strategy("random")->run(p, space, cp, o, {});
+    EXPECT_EQ(r.selected, r.front());
+    mbo += truth(m, m.selected) / 3;
+    mbo_measured_front += truth(m, m.front()) / 3;
+    rnd += truth(r, r.selected) / 3;
   }
-  EXPECT_GT(mbo, rnd);
-  EXPECT_GT(mbo, 0.98);
-  EXPECT_LE(mbo, 1.0 + 1e-12);  // the exhaustive set contains every point mbo can measure
+  EXPECT_GT(mbo, rnd + 0.01);
+  EXPECT_GT(mbo, 0.995);
+  EXPECT_GT(mbo, mbo_measured_front);  // the smoothed selection is what beats the noise
+  EXPECT_LE(mbo, 1.0 + 1e-12);
+}
+
+// mbo's schedule does not depend on the budget: a smaller budget on a batch boundary measures
+// the first points of a larger one, so a benchmark can score budgets as prefixes of one run.
+TEST(Search, MboSmallerBudgetIsAPrefix) {
+  Fixture f;
+  const auto& p = f.ps.partition("fwd_attn");
+  const auto space = make_search_space(p, f.w.gpu());
+  SearchOptions o;
+  o.seed = 9;
+  o.budget = 140;
+  const auto big = create_search_strategy("mbo")->run(p, space, f.cp, o, {});
+  o.budget = 84;  // 28 + 2 x 28
+  const auto small = create_search_strategy("mbo")->run(p, space, f.cp, o, {});
+  ASSERT_EQ(small.points.size(), 84u);
+  auto prefix = configs(big);
+  prefix.resize(84);
+  EXPECT_EQ(configs(small), prefix);
+  EXPECT_EQ(small.batches, 2);
+  EXPECT_EQ(big.batches, 4);
+}
+
+TEST(Search, SelectFrontOptions) {
+  Fixture f;
+  const auto& p = f.ps.partition("fwd_mlp");
+  const auto space = make_search_space(p, f.w.gpu());
+  SearchOptions o;
+  o.budget = 112;
+  const auto r = create_search_strategy("mbo")->run(p, space, f.cp, o, {});
+  // Weight 1 on the measurement, or "measured": exactly the measured Pareto set.
+  o.measurement_weight = 1.0;
+  EXPECT_EQ(select_front(r.points, space, o), r.front());
+  o.measurement_weight = 0.5;
+  o.selection = "measured";
+  EXPECT_EQ(select_front(r.points, space, o), r.front());
+  // The smoothed set is a Pareto set of estimates: never empty, no index twice, time order of
+  // the estimates is not required to match the measurements', but it is a subset of the points.
+  o.selection = "smoothed";
+  const auto sel = select_front(r.points, space, o);
+  EXPECT_EQ(sel, r.selected);  // the run's own recommendation, deterministic
+  ASSERT_FALSE(sel.empty());
+  EXPECT_EQ(std::set<std::size_t>(sel.begin(), sel.end()).size(), sel.size());
+  for (std::size_t i : sel) EXPECT_LT(i, r.points.size());
+  // Too few points to cross-fit: the measured set.
+  const std::vector<SearchPoint> few(r.points.begin(), r.points.begin() + 10);
+  std::vector<Point2> few_m;
+  for (const auto& x : few) few_m.push_back({x.m.time_s, x.m.energy_j});
+  EXPECT_EQ(select_front(few, space, o), pareto_front(few_m));
+  const std::vector<std::function<void(SearchOptions&)>> bad = {
+      [](SearchOptions& b) { b.selection = "best"; },
+      [](SearchOptions& b) { b.measurement_weight = 1.5; },
+      [](SearchOptions& b) { b.noise_rel = -0.1; }, [](SearchOptions& b) { b.surrogate = "gp"; }};
+  for (const auto& make_bad : bad) {
+    SearchOptions b;
+    make_bad(b);
+    EXPECT_THROW(create_search_strategy("mbo")->run(p, space, f.cp, b, {}), InvalidInput);
+  }
 }
 
 TEST(Search, FrontsPerFrequencyMatchBruteForce) {
@@ -153,7 +225,7 @@ TEST(Search, LatinHypercubeAndStoppingRule) {
   const auto st = create_search_strategy("mbo")->run(p, space, f.cp, s, {});
   EXPECT_TRUE(st.stopped_early);
   EXPECT_EQ(st.batches, 1);
-  EXPECT_EQ(st.evaluations, 96 + 32);
+  EXPECT_EQ(st.evaluations, 28 + 28);
   SearchOptions bad;
   bad.share_fastest = 0.5;
   EXPECT_THROW(create_search_strategy("mbo")->run(p, space, f.cp, bad, {}), InvalidInput);
@@ -183,6 +255,27 @@ TEST(Search, ResumesFromTheStore) {
   for (const auto& fp : ja.at("front")) {
     for (const char* k : {"freq_mhz", "sms", "slot", "time_s", "energy_j"})
       EXPECT_TRUE(fp.contains(k));
+  }
+  // measured_front is the Pareto set of the points on (time, energy), by brute force; the
+  // recommended front is a subset of the points.
+  const auto& pts = ja.at("points");
+  nlohmann::json brute = nlohmann::json::array();
+  for (const auto& q : pts) {
+    bool dominated = false;
+    for (const auto& o : pts) {
+      const double ot = o.at("time_s"), oe = o.at("energy_j"), qt = q.at("time_s"),
+                   qe = q.at("energy_j");
+      dominated = dominated || (ot <= qt && oe <= qe && (ot < qt || oe < qe));
+    }
+    if (!dominated) brute.push_back(q);
+  }
+  auto sorted = [](nlohmann::json a) {
+    std::sort(a.begin(), a.end(), [](const auto& x, const auto& y) { return x.dump() < y.dump(); });
+    return a;
+  };
+  EXPECT_EQ(sorted(ja.at("measured_front")), sorted(brute));
+  for (const auto& fp : ja.at("front")) {
+    EXPECT_NE(std::find(pts.begin(), pts.end(), fp), pts.end()) << fp.dump();
   }
 }
 

@@ -73,7 +73,7 @@ void register_search(CLI::App& app, Action& action) {
       ->check(integer_in(1, 1000000, "measurements"));
   cmd->add_option("--seed", a.opt.seed, "seed of every random choice")->capture_default_str();
   cmd->add_option("--initial-points", a.opt.initial_points,
-                  "mbo: random initial points at budget 224 (scaled below it)")
+                  "mbo: random initial points (not scaled with the budget)")
       ->capture_default_str()
       ->check(integer_in(1, 1000000, "points"));
   cmd->add_option("--batch-size", a.opt.batch_size, "mbo: points per batch")
@@ -141,7 +141,10 @@ void register_search(CLI::App& app, Action& action) {
       }
       bar.finish();
       if (!ask.empty()) write_ask_file(ask, p.key, {});  // nothing more to measure
-      const auto front = r.front();
+      // The recommended configurations: mbo's selection on its noise-shrunk estimates
+      // (select_front), the measured Pareto set for the other strategies.
+      const auto measured_front = r.front();
+      const auto front = r.selected.empty() ? measured_front : r.selected;
       if (json) {
         nlohmann::json j;
         j["partition"] = p.key;
@@ -156,13 +159,19 @@ void register_search(CLI::App& app, Action& action) {
         for (const auto& pt : r.points) j["points"].push_back(search_point_json(pt));
         j["front"] = nlohmann::json::array();
         for (std::size_t i : front) j["front"].push_back(search_point_json(r.points[i]));
+        j["measured_front"] = nlohmann::json::array();
+        for (std::size_t i : measured_front) {
+          j["measured_front"].push_back(search_point_json(r.points[i]));
+        }
         if (flags.backend == "emulator") j["power_model"] = power_model_json(w.gpu());
         std::cout << j.dump(2) << "\n";
         return 0;
       }
       std::cout << fmt::format(
-          "{}: {} of {} configurations measured with {} ({} from the store), {} on the front\n",
-          p.key, r.evaluations, space.size(), r.strategy, r.resumed, front.size());
+          "{}: {} of {} configurations measured with {} ({} from the store), {} recommended "
+          "({} on the measured front)\n",
+          p.key, r.evaluations, space.size(), r.strategy, r.resumed, front.size(),
+          measured_front.size());
       TextTable t({"freq MHz", "SMs", "slot", "time ms", "energy J", "dynamic J"});
       for (std::size_t i : front) {
         const auto& pt = r.points[i];
