@@ -1,4 +1,4 @@
-// Search efficiency benchmark (issues 4 and 13), scored by truth. For every distinct partition
+// Search efficiency benchmark, scored by truth. For every distinct partition
 // of the 14 paper workloads and every seed s, the emulator with noise 1% and noise seed s is the
 // measuring profiler and the emulator without noise is the oracle. Each strategy runs once with
 // the largest budget; budgets 56/112/168/224 are prefixes of that run (random search's order and
@@ -14,7 +14,8 @@
 //          [--smooth-random]
 //          [--surrogate additive|trees] [--noise-rel X]
 //          [--initial-design random|lhs] [--initial-points N] [--batch-size N]
-//          [--measurement-weight W] [--stop-threshold X]
+//          [--measurement-weight W] [--smoothing-min-points N] [--stop-threshold X]
+//          [--stop-patience N]
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <time.h>
@@ -116,6 +117,10 @@ int main(int argc, char** argv) {
       base.batch_size = std::stoi(next());
     else if (a == "--measurement-weight")
       base.measurement_weight = std::stod(next());
+    else if (a == "--smoothing-min-points")
+      base.smoothing_min_points = std::stoi(next());
+    else if (a == "--stop-patience")
+      base.stop_patience = std::stoi(next());
     else if (a == "--stop-threshold")
       base.stop_threshold = std::stod(next());
     else {
@@ -124,7 +129,8 @@ int main(int argc, char** argv) {
                  "[--noise X] [--selection smoothed|measured] [--smooth-random] "
                  "[--surrogate additive|trees] [--noise-rel X] "
                  "[--initial-design random|lhs] [--initial-points N] [--batch-size N] "
-                 "[--measurement-weight W] [--stop-threshold X]\n");
+                 "[--measurement-weight W] [--smoothing-min-points N] [--stop-threshold X] "
+                 "[--stop-patience N]\n");
       return 2;
     }
   }
@@ -255,8 +261,10 @@ int main(int argc, char** argv) {
                              {"cpu_s", r.cpu_s}};
         for (const auto& [s, m] : r.by) {
           for (const auto& [b, c] : m) {
-            pj[s][std::to_string(b)] = {
-                {"truth", c.truth.v}, {"noisy", c.noisy.v}, {"coverage", c.coverage.v}};
+            pj[s][std::to_string(b)] = {{"truth", c.truth.v},
+                                        {"noisy", c.noisy.v},
+                                        {"coverage", c.coverage.v},
+                                        {"used", c.used.v}};
           }
         }
         std::ofstream(jsonl_path, std::ios::app) << pj.dump() << std::endl;
@@ -322,6 +330,12 @@ int main(int argc, char** argv) {
   for (const auto& s : strategies) {
     fmt::print("coverage (true hypervolume of every measured point) {}:", s);
     for (int b : kBudgets) fmt::print(" {} {:.4f}", b, agg(every, s, b, &Cell::coverage).mean());
+    fmt::print("\n");
+  }
+  if (base.stop_threshold > 0) {
+    // A stopped search is scored at its last point; this is how many it measured.
+    fmt::print("points measured by mbo with --stop-threshold {}:", base.stop_threshold);
+    for (int b : kBudgets) fmt::print(" {} {:.1f}", b, agg(every, "mbo", b, &Cell::used).mean());
     fmt::print("\n");
   }
   double smax = 0, ssum = 0;

@@ -30,8 +30,9 @@ struct SearchOptions {
   double share_fastest = 0.2;             ///< lowest predicted time
   double share_uncertain = 0.2;           ///< highest ensemble uncertainty
   std::string initial_design = "random";  ///< random or lhs (Latin hypercube over the knobs)
-  double stop_threshold = 0;  ///< stop when a batch raises the measured hypervolume by less
-                              ///< than this fraction (0: never stop early)
+  double stop_threshold = 0;  ///< stop when stop_patience batches in a row each raise the
+                              ///< measured hypervolume by less than this fraction (0: never)
+  int stop_patience = 2;
   /// mbo's surrogate: "additive" (a two-way additive model of log time and log dynamic energy
   /// over clock and (SMs, slot), with tree ensembles on its residuals) or "trees" (tree
   /// ensembles on the raw objectives, the artifact's).
@@ -40,6 +41,11 @@ struct SearchOptions {
   /// noise-shrunk estimates, see select_front) or "measured" (Pareto set of the raw
   /// measurements, the artifact's choice).
   std::string selection = "smoothed";
+  /// Smoothed selection needs this many points; with fewer, the cross-fitted models (each
+  /// trained on 4/5 of the points) are worse than the noise they would remove, and the
+  /// measured Pareto set is returned (truth-scored benchmark, docs/search.md: measured
+  /// selection wins at 56 points, smoothed at 112).
+  int smoothing_min_points = 112;
   /// Smoothed selection: weight of the measurement in each estimate, the rest is the
   /// cross-fitted surrogate prediction (1: measured front, 0: prediction only); -1: automatic,
   /// per objective, from noise_rel (see select_front).

@@ -491,18 +491,19 @@ class MboSearch : public SearchStrategy {
     rec.measure_batch(initial_design(space, init, o));
     const std::size_t batch_size = static_cast<std::size_t>(o.batch_size);
     std::uint64_t batch_seed = o.seed;
+    int flat_batches = 0;
     while (rec.result.points.size() < n) {
       const std::size_t b = std::min<std::size_t>(batch_size, n - rec.result.points.size());
-      const double hv_before = measured_hv(rec.result);
+      const std::size_t before = rec.result.points.size();
       const auto t0 = std::chrono::steady_clock::now();
       const auto batch = select_batch(all, rec, space, b, o, p_static, ++batch_seed);
       rec.result.surrogate_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       rec.measure_batch(batch);
       ++rec.result.batches;
-      if (o.stop_threshold > 0 && hv_before > 0) {
-        const double gain = measured_hv(rec.result) / hv_before - 1.0;
-        if (gain < o.stop_threshold) {
+      if (o.stop_threshold > 0) {
+        flat_batches = batch_gain(rec.result, before) < o.stop_threshold ? flat_batches + 1 : 0;
+        if (flat_batches >= o.stop_patience) {
           rec.result.stopped_early = rec.result.points.size() < n;
           break;
         }
@@ -542,6 +543,12 @@ class MboSearch : public SearchStrategy {
     }
     if (!(o.noise_rel >= 0 && o.noise_rel < 1)) {
       bad(fmt::format("--noise-rel must be in [0, 1), got {}", o.noise_rel));
+    }
+    if (o.stop_patience < 1) {
+      bad(fmt::format("stop_patience must be >= 1, got {}", o.stop_patience));
+    }
+    if (o.smoothing_min_points < 0) {
+      bad(fmt::format("smoothing_min_points must be >= 0, got {}", o.smoothing_min_points));
     }
     if (o.ensemble.members < 2) bad("the ensemble needs at least 2 members");
   }
@@ -583,15 +590,22 @@ class MboSearch : public SearchStrategy {
     return out;
   }
 
-  static double measured_hv(const SearchResult& r) {
+  // Relative growth of the measured hypervolume from the first `before` points to all of them,
+  // both normalized on the bounds of all points: a batch that only widens the measured range
+  // (slower or costlier points) adds nothing, instead of rescaling the old front.
+  static double batch_gain(const SearchResult& r, std::size_t before) {
     std::vector<Point2> pts;
+    pts.reserve(r.points.size());
     Point2 lo{1e300, 1e300}, hi{-1e300, -1e300};
     for (const auto& p : r.points) {
       pts.push_back({p.m.time_s, p.m.energy_j});
       lo = {std::min(lo.x, p.m.time_s), std::min(lo.y, p.m.energy_j)};
       hi = {std::max(hi.x, p.m.time_s), std::max(hi.y, p.m.energy_j)};
     }
-    return normalized_hypervolume(pts, lo, hi);
+    const double after_hv = normalized_hypervolume(pts, lo, hi);
+    pts.resize(before);
+    const double before_hv = normalized_hypervolume(pts, lo, hi);
+    return before_hv > 0 ? after_hv / before_hv - 1.0 : 1.0;
   }
 
   // One batch: the four passes over the unevaluated candidates (BatchSelector).
@@ -689,7 +703,8 @@ std::vector<std::size_t> select_front(const std::vector<SearchPoint>& points,
   std::vector<Point2> measured;
   measured.reserve(points.size());
   for (const auto& p : points) measured.push_back({p.m.time_s, p.m.energy_j});
-  if (o.selection == "measured" || points.size() < 16 ||
+  if (o.selection == "measured" ||
+      points.size() < static_cast<std::size_t>(std::max(16, o.smoothing_min_points)) ||
       space.sms.size() * space.slots.size() < 2) {
     return pareto_front(measured);
   }

@@ -166,15 +166,17 @@ TEST(Search, SelectFrontOptions) {
   ASSERT_FALSE(sel.empty());
   EXPECT_EQ(std::set<std::size_t>(sel.begin(), sel.end()).size(), sel.size());
   for (std::size_t i : sel) EXPECT_LT(i, r.points.size());
-  // Too few points to cross-fit: the measured set.
-  const std::vector<SearchPoint> few(r.points.begin(), r.points.begin() + 10);
+  // Fewer than smoothing_min_points (112 by default): the measured set.
+  ASSERT_EQ(o.smoothing_min_points, 112);
+  const std::vector<SearchPoint> few(r.points.begin(), r.points.begin() + 111);
   std::vector<Point2> few_m;
   for (const auto& x : few) few_m.push_back({x.m.time_s, x.m.energy_j});
   EXPECT_EQ(select_front(few, space, o), pareto_front(few_m));
   const std::vector<std::function<void(SearchOptions&)>> bad = {
       [](SearchOptions& b) { b.selection = "best"; },
       [](SearchOptions& b) { b.measurement_weight = 1.5; },
-      [](SearchOptions& b) { b.noise_rel = -0.1; }, [](SearchOptions& b) { b.surrogate = "gp"; }};
+      [](SearchOptions& b) { b.noise_rel = -0.1; }, [](SearchOptions& b) { b.surrogate = "gp"; },
+      [](SearchOptions& b) { b.smoothing_min_points = -1; }};
   for (const auto& make_bad : bad) {
     SearchOptions b;
     make_bad(b);
@@ -221,11 +223,23 @@ TEST(Search, LatinHypercubeAndStoppingRule) {
   EXPECT_EQ(per_freq.size(), 18u);
   for (const auto& [fq, n] : per_freq) EXPECT_LE(n, 7) << fq;
   SearchOptions s;
-  s.stop_threshold = 0.5;  // no batch adds half the hypervolume: stops after the first batch
+  s.stop_threshold = 0.5;  // no batch adds half the hypervolume: stops after `patience` batches
   const auto st = create_search_strategy("mbo")->run(p, space, f.cp, s, {});
+  EXPECT_EQ(s.stop_patience, 2);
   EXPECT_TRUE(st.stopped_early);
-  EXPECT_EQ(st.batches, 1);
-  EXPECT_EQ(st.evaluations, 28 + 28);
+  EXPECT_EQ(st.batches, 2);
+  EXPECT_EQ(st.evaluations, 28 + 2 * 28);
+  s.stop_patience = 1;
+  const auto st1 = create_search_strategy("mbo")->run(p, space, f.cp, s, {});
+  EXPECT_TRUE(st1.stopped_early);
+  EXPECT_EQ(st1.batches, 1);
+  EXPECT_EQ(st1.evaluations, 28 + 28);
+  // A stopped search measured a prefix of the full one (the schedule is budget-independent).
+  SearchOptions full;
+  const auto fr = create_search_strategy("mbo")->run(p, space, f.cp, full, {});
+  auto prefix = configs(fr);
+  prefix.resize(st.points.size());
+  EXPECT_EQ(configs(st), prefix);
   SearchOptions bad;
   bad.share_fastest = 0.5;
   EXPECT_THROW(create_search_strategy("mbo")->run(p, space, f.cp, bad, {}), InvalidInput);

@@ -83,9 +83,14 @@ void register_search(CLI::App& app, Action& action) {
       ->capture_default_str()
       ->check(CLI::IsMember({"random", "lhs"}));
   cmd->add_option("--stop-threshold", a.opt.stop_threshold,
-                  "mbo: stop when a batch adds less than this fraction of hypervolume (0: off)")
+                  "mbo: stop when --stop-patience batches in a row each add less than this "
+                  "fraction of the measured hypervolume (0: off)")
       ->capture_default_str()
       ->check(finite_in(0, false, 1, "hypervolume fraction"));
+  cmd->add_option("--stop-patience", a.opt.stop_patience,
+                  "mbo: flat batches in a row that end the search (with --stop-threshold)")
+      ->capture_default_str()
+      ->check(integer_in(1, 1000, "batches"));
   cmd->add_option("--ask", a.ask,
                   "ask/tell: write the next batch of points the backend lacks to this CSV "
                   "(partition,freq_mhz,sms,slot) and exit 3");
