@@ -9,7 +9,9 @@
 #include "cuda/device_check.h"
 #include "kareus/error.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int run(int argc, char** argv) {
   CLI::App app{"Measure a workload's partitions on one GPU at its current clock (read-only NVML)"};
   kareus::cuda::DeviceCheckOptions o;
   o.workload =
@@ -44,4 +46,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kareus_device_check: internal error: %s\n", e.what());
     return 1;
   }
+}
+
+}  // namespace
+
+// Building the CLI can throw too (allocation); nothing escapes main.
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kareus_device_check: internal error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "kareus_device_check: internal error\n");
+  }
+  return 1;
 }

@@ -140,6 +140,7 @@ Plan choose_plan(const std::map<Method, MethodFrontier>& f, const std::vector<Fr
                  const PlanArgs& a, const Goal& goal, const Workload& w, bool replay,
                  const std::function<Plan(const FrontierRef&, const std::string&)>& make) {
   std::vector<FrontierPoint> pts;
+  pts.reserve(refs.size());
   for (const auto& r : refs) pts.push_back(f.at(r.method).points.at(r.index));
   auto labelled = [&](const FrontierRef& r) {
     Plan p = make(r, goal.describe());
