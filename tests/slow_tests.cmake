@@ -6,4 +6,5 @@ set_tests_properties(
   Plan.ReplayMatchesPredictionOnEveryPaperWorkload
   Eval.PaperSuite
   Plan.PerLayerNeverWorseAndReplays
+  Calibration.FitReproducesCommittedDefaults
   PROPERTIES LABELS slow)

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <string>
 
+#include "kareus/partition.h"
 #include "kareus/profiler.h"
 
 namespace kareus::test {
@@ -81,6 +82,18 @@ inline CommandResult run_cli(const std::string& args) {
 }
 
 /// Emulator profiler options as most tests use them: the workload's GPU, 1% noise, seed 1.
+/// A square bf16 GEMM, 8192^3: compute-bound on every SM, the heaviest load the emulator knows.
+inline Kernel big_gemm() {
+  Kernel g;
+  g.name = "gemm";
+  g.kind = OpKind::kGemm;
+  g.m = g.n = g.k = 8192;
+  g.flops = 2.0 * 8192.0 * 8192 * 8192;
+  g.bytes_read = 2.0 * 8192 * 8192 * 2;
+  g.bytes_written = 8192.0 * 8192 * 2;
+  return g;
+}
+
 inline ProfilerOptions emulator_options(const std::string& gpu, double noise = 0.01,
                                         std::uint64_t seed = 1) {
   ProfilerOptions o;

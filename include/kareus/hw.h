@@ -37,6 +37,12 @@ struct GpuSpec {
   std::string power_source;
   /// "" when power_calibrated, else one line a report prints next to emulated energies.
   std::string power_caveat() const;
+  // The emulator's clock-power curve for this GPU (docs/emulator.md "Power"): dynamic SM power
+  // P_SM = sm_power_w * (V(f)/V(f_max))^2 * f/f_max * activity, with V flat up to
+  // voltage_knee_mhz and rising linearly to voltage_ratio times the floor at max_freq_mhz.
+  double sm_power_w = 0;        ///< W, every SM fully active at max_freq_mhz and its voltage
+  double voltage_ratio = 1;     ///< V(max_freq_mhz) / V_floor
+  double voltage_knee_mhz = 0;  ///< MHz, highest clock at the voltage floor
   /// Time (s) from requesting a new locked SM clock until kernels run at it; the planner and
   /// the iteration replay charge it as a stall at static power per clock change.
   double clock_switch_s = 0;

@@ -13,8 +13,8 @@
 //   interference: Rashidi et al. / arXiv 2507.03114, 10-40%).
 // - Power: static power + C V(f)^2 f x activity per active SM (CMOS dynamic power) + HBM and
 //   link energy per bit. V(f) has a floor below a knee clock (A100: ~0.71 V near 1080 MHz).
-//   When the total exceeds the board power limit, the clock drops to the highest supported
-//   clock that fits, as the GPU's power capping does.
+//   When a partition's (or a sequential kernel's) average power exceeds the board power limit,
+//   it runs at the highest supported clock that fits, as the GPU's power capping does.
 #include "kareus/emulator.h"
 
 #include <fmt/format.h>
@@ -30,6 +30,9 @@
 namespace kareus {
 
 namespace {
+
+// Precision (MHz) of the power-capped effective clock.
+constexpr double kCapResolutionMhz = 0.25;
 
 // The calibrated parameters by name (calibration files, fingerprints), one table for both the
 // mutable and the const view.
@@ -55,11 +58,39 @@ constexpr std::pair<const char*, double EmulatorParams::*> kParamFields[] = {
     {"sm_power_w", &EmulatorParams::sm_power_w},
     {"voltage_ratio", &EmulatorParams::voltage_ratio},
     {"voltage_knee_mhz", &EmulatorParams::voltage_knee_mhz},
+    {"power_limit_w", &EmulatorParams::power_limit_w},
     {"idle_activity", &EmulatorParams::idle_activity},
     {"collective_activity", &EmulatorParams::collective_activity},
     {"hbm_pj_per_bit", &EmulatorParams::hbm_pj_per_bit},
     {"link_pj_per_bit", &EmulatorParams::link_pj_per_bit},
 };
+
+// Fraction of the bf16 peak (at the running clock, on n SMs) a kernel reaches: best-case
+// microbenchmark efficiency x achieved_fraction x wave quantization (and, for GEMMs, tile
+// quantization and the main loop's ramp in K); CUDA-core kernels run at cuda_core_fraction.
+double kernel_efficiency(const Kernel& op, double n, const EmulatorParams& p) {
+  switch (op.kind) {
+    case OpKind::kGemm: {
+      const double tiles = std::ceil(op.m / p.gemm_tile_m) * std::ceil(op.n / p.gemm_tile_n);
+      const double waves = std::ceil(tiles / n);
+      const double k = static_cast<double>(op.k);
+      // Tile quantization: partial edge tiles compute their whole tile (NVIDIA guide).
+      const double tile_use = static_cast<double>(op.m) * static_cast<double>(op.n) /
+                              (tiles * p.gemm_tile_m * p.gemm_tile_n);
+      return p.gemm_best_efficiency * p.achieved_fraction * (tiles / (waves * n)) * tile_use *
+             (k / (k + p.gemm_k_half));
+    }
+    case OpKind::kAttention: {
+      const double tiles = std::ceil(op.m / p.attn_tile_q);
+      const double waves = std::ceil(tiles / n);
+      const bool bwd = op.name == "attention_bwd";
+      return (bwd ? p.attn_bwd_best_efficiency : p.attn_fwd_best_efficiency) * p.achieved_fraction *
+             (tiles / (waves * n));
+    }
+    default:
+      return p.cuda_core_fraction;
+  }
+}
 
 }  // namespace
 
@@ -85,8 +116,17 @@ struct EmulatorModel::Rates {
 };
 
 EmulatorModel::EmulatorModel(const GpuSpec& gpu, EmulatorParams params) : gpu_(gpu), p_(params) {
-  clocks_desc_ = gpu_.supported_freqs_mhz();
-  std::reverse(clocks_desc_.begin(), clocks_desc_.end());
+  // The clock-power curve and the power limit are the GPU's unless overridden.
+  if (p_.sm_power_w <= 0) p_.sm_power_w = gpu_.sm_power_w;
+  if (p_.voltage_ratio <= 0) p_.voltage_ratio = gpu_.voltage_ratio;
+  if (p_.voltage_knee_mhz <= 0) p_.voltage_knee_mhz = gpu_.voltage_knee_mhz;
+  if (p_.power_limit_w <= 0) p_.power_limit_w = gpu_.power_limit_w;
+  if (!(p_.sm_power_w > 0) || !(p_.voltage_ratio >= 1) || !(p_.power_limit_w > 0)) {
+    throw InvalidInput(fmt::format(
+        "{}: the emulator needs sm_power_w > 0, voltage_ratio >= 1 and power_limit_w > 0 (got "
+        "{}, {}, {})",
+        gpu_.name, p_.sm_power_w, p_.voltage_ratio, p_.power_limit_w));
+  }
 }
 
 double EmulatorModel::relative_voltage(double f) const {
@@ -111,37 +151,18 @@ EmulatorModel::Rates EmulatorModel::rates(const Kernel* op, int op_sms, const Ke
                           (1.0 - p_.hbm_clock_sensitivity * (1.0 - fr));
   Rates r;
   double op_hbm_rate = 0, coll_hbm_rate = 0, t_c = 0, t_m = 0;
+  double coll_share = 0;  // the collective's traffic over what its links carry
   if (coll) {
     const double link = link_bandwidth(*coll);
     const double per_cta = gpu_.nccl_ring_busbw_gbs * 1e9 / p_.nccl_sms_to_saturate * fr;
     r.coll_bytes_per_s = std::min(link, coll_sms * per_cta);
     coll_hbm_rate = r.coll_bytes_per_s * p_.collective_hbm_factor;
+    coll_share = r.coll_bytes_per_s / link;
   }
   if (op) {
     const double n = std::max(1, op_sms);
     const double peak = gpu_.bf16_peak_tflops * 1e12 * fr * (n / N);
-    double eff = 1.0;
-    switch (op->kind) {
-      case OpKind::kGemm: {
-        const double tiles = std::ceil(op->m / p_.gemm_tile_m) * std::ceil(op->n / p_.gemm_tile_n);
-        const double waves = std::ceil(tiles / n);
-        const double k = static_cast<double>(op->k);
-        eff = p_.gemm_best_efficiency * p_.achieved_fraction * (tiles / (waves * n)) *
-              (k / (k + p_.gemm_k_half));
-        break;
-      }
-      case OpKind::kAttention: {
-        const double tiles = std::ceil(op->m / p_.attn_tile_q);
-        const double waves = std::ceil(tiles / n);
-        const bool bwd = op->name == "attention_bwd";
-        eff = (bwd ? p_.attn_bwd_best_efficiency : p_.attn_fwd_best_efficiency) *
-              p_.achieved_fraction * (tiles / (waves * n));
-        break;
-      }
-      default:
-        eff = p_.cuda_core_fraction;
-        break;
-    }
+    const double eff = kernel_efficiency(*op, n, p_);
     t_c = op->flops > 0 ? op->flops / (peak * eff) : 0.0;
     const double bw = hbm_full * std::min(1.0, n / (p_.hbm_saturation_sm_fraction * N));
     t_m = op->bytes() / bw;
@@ -154,10 +175,22 @@ EmulatorModel::Rates EmulatorModel::rates(const Kernel* op, int op_sms, const Ke
       coll_hbm_rate /= squeeze;
     }
     double t = std::max(t_c, t_m);
-    if (coll) t *= 1.0 + p_.overlap_slowdown;
+    // The interference (L2, memory pipeline, issue slots) grows with the collective's traffic:
+    // full at the link rate (NCCL's default CTAs), less for a collective starved of CTAs.
+    if (coll) t *= 1.0 + p_.overlap_slowdown * coll_share;
     r.op_time_s = t + p_.launch_overhead_s;
     op_hbm_rate = op->bytes() / r.op_time_s;
-    const double util = r.op_time_s > 0 ? t_c / r.op_time_s : 0.0;
+    // Dynamic power follows the work done per second (Hong & Kim, ISCA 2010: component power =
+    // maximum power x access rate). Tensor-core kernels: achieved FLOP rate over the best-shape
+    // GEMM rate on these SMs, so a small or stalled GEMM draws less than a large one. Other
+    // kernels: the fraction of time the CUDA cores are busy.
+    double util = 0;
+    if (r.op_time_s > 0) {
+      const bool tensor = op->kind == OpKind::kGemm || op->kind == OpKind::kAttention;
+      util =
+          tensor ? op->flops / r.op_time_s / (peak * p_.gemm_best_efficiency) : t_c / r.op_time_s;
+      util = std::min(1.0, util);
+    }
     const double activity = p_.idle_activity + (1.0 - p_.idle_activity) * util;
     r.power_w += sm_w_per_sm * n * activity;
   }
@@ -169,29 +202,8 @@ EmulatorModel::Rates EmulatorModel::rates(const Kernel* op, int op_sms, const Ke
   return r;
 }
 
-EmulatorModel::Rates EmulatorModel::capped_rates(const Kernel* op, int op_sms, const Kernel* coll,
-                                                 int coll_sms, int freq_mhz) const {
-  Rates r = rates(op, op_sms, coll, coll_sms, freq_mhz);
-  const double headroom = gpu_.power_limit_w - gpu_.static_power_w;
-  if (r.power_w <= headroom) return r;
-  // Power capping: the highest supported clock at or below freq_mhz whose power fits.
-  auto first =
-      std::lower_bound(clocks_desc_.begin(), clocks_desc_.end(), freq_mhz, std::greater<int>());
-  std::size_t lo = static_cast<std::size_t>(first - clocks_desc_.begin()), hi = clocks_desc_.size();
-  while (lo + 1 < hi) {  // invariant: clocks_desc_[lo] does not fit (or is freq_mhz)
-    const std::size_t mid = (lo + hi) / 2;
-    if (rates(op, op_sms, coll, coll_sms, clocks_desc_[mid]).power_w <= headroom) {
-      hi = mid;
-    } else {
-      lo = mid;
-    }
-  }
-  if (hi == clocks_desc_.size()) hi = clocks_desc_.size() - 1;
-  return rates(op, op_sms, coll, coll_sms, clocks_desc_[hi]);
-}
-
-SimResult EmulatorModel::simulate_overlap(const std::vector<Kernel>& ops, const Kernel* coll,
-                                          int slot_index, int sms, int freq_mhz) const {
+SimResult EmulatorModel::simulate_at(const std::vector<Kernel>& ops, const Kernel* coll,
+                                     int slot_index, int sms, double freq_mhz) const {
   SimResult res;
   const int N = gpu_.sm_count;
   std::size_t i = 0;
@@ -205,8 +217,7 @@ SimResult EmulatorModel::simulate_overlap(const std::vector<Kernel>& ops, const 
     if (cs == kWaiting && static_cast<int>(i) >= slot_index) cs = kActive;
     const Kernel* op = i < ops.size() ? &ops[i] : nullptr;
     const bool coll_on = cs == kActive;
-    const Rates r =
-        capped_rates(op, coll_on ? N - sms : N, coll_on ? coll : nullptr, sms, freq_mhz);
+    const Rates r = rates(op, coll_on ? N - sms : N, coll_on ? coll : nullptr, sms, freq_mhz);
     const double dt_op = op ? op_left * r.op_time_s : std::numeric_limits<double>::infinity();
     const double dt_coll = coll_on && r.coll_bytes_per_s > 0
                                ? coll_left / r.coll_bytes_per_s
@@ -244,6 +255,51 @@ SimResult EmulatorModel::simulate_overlap(const std::vector<Kernel>& ops, const 
   res.time_s = t;
   res.dynamic_energy_j = e;
   return res;
+}
+
+SimResult EmulatorModel::simulate_overlap(const std::vector<Kernel>& ops, const Kernel* coll,
+                                          int slot_index, int sms, int freq_mhz) const {
+  // Power capping over the whole call (one partition, or one kernel of a sequence): the
+  // firmware holds the board's power averaged over a window of milliseconds, about one
+  // partition, by lowering the clock, alternating between adjacent clock steps so that the
+  // average sits at the limit. The call runs at the effective clock min(requested, C), C the
+  // (continuous) clock at which its average power equals the limit. Power rises with the
+  // clock, so C does not depend on the request and a higher request can never make the call
+  // slower.
+  const double headroom = p_.power_limit_w - gpu_.static_power_w;
+  auto fits = [&](const SimResult& x) {
+    return !(x.time_s > 0) || x.dynamic_energy_j <= headroom * x.time_s;
+  };
+  SimResult r = simulate_at(ops, coll, slot_index, sms, freq_mhz);
+  if (fits(r)) return r;
+  // Bisection over the whole clock range, not up to the request, so that C is the same for
+  // every request above it.
+  double lo = gpu_.min_freq_mhz, hi = gpu_.max_freq_mhz;
+  SimResult at_lo = simulate_at(ops, coll, slot_index, sms, lo);
+  if (!fits(at_lo)) return at_lo;  // the firmware cannot go lower
+  while (hi - lo > kCapResolutionMhz) {
+    const double mid = 0.5 * (lo + hi);
+    if (mid >= freq_mhz) {  // the request does not fit, so no higher clock does
+      hi = mid;
+      continue;
+    }
+    SimResult x = simulate_at(ops, coll, slot_index, sms, mid);
+    if (fits(x)) {
+      lo = mid;
+      at_lo = x;
+    } else {
+      hi = mid;
+    }
+  }
+  // A supported clock inside the last bisection step that fits must not run slower than
+  // requested directly: take it when it fits (the same for every request above it).
+  const double step = gpu_.freq_step_mhz > 0 ? gpu_.freq_step_mhz : 1;
+  const double s = gpu_.min_freq_mhz + std::ceil((lo - gpu_.min_freq_mhz) / step) * step;
+  if (s > lo && s < hi && s < freq_mhz) {
+    SimResult x = simulate_at(ops, coll, slot_index, sms, s);
+    if (fits(x)) return x;
+  }
+  return at_lo;
 }
 
 SimResult EmulatorModel::simulate_partition(const Partition& part, const PartitionConfig& c) const {

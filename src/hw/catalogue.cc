@@ -9,6 +9,13 @@
 //            at 210 MHz about 52 W; search range 900..max in 30 MHz steps.
 //  [NCCL]    NCCL tuning model and nccl-tests: A100 ring bus bandwidth about 230 GB/s with 24
 //            channels; H100 about 370 GB/s; H200 about 475 GB/s (NVLS).
+//  [PERSEUS-SP] Perseus (Chung et al., SOSP '24) per-clock A100 stage profiles,
+//            data/calibration/perseus_stage-profile_*.csv: 475 W at 1410 MHz, flat time between
+//            1410 and 1380 MHz (power limit), power linear in the clock below ~1080 MHz.
+//  [KAREUS-IT] Kareus artifact whole-iteration A100 figures, data/calibration/a100-*.csv.
+//  [H200-MEAS] Our measurement of one H200 (data/device/h200_2026-11-29_*.json, docs/cuda.md):
+//            GEMM partitions at the 700 W limit (sw_power_cap, clock 1215-1770 MHz), attention
+//            and small partitions 556-680 W at 1980 MHz, idle 78 W at 345 MHz, 99-114 W in P0.
 //  [SWITCH]  Clock-change latency: nvmlDeviceSetGpuLockedClocks calls are reported at 10-20 ms
 //            (Perseus applies clocks asynchronously for this reason, Chung et al.,
 //            SOSP '24); Velicka, Vysocky, Riha, "Methodology for GPU Frequency Switching
@@ -48,9 +55,15 @@ GpuSpec a100_sxm4_40gb() {
   a100.static_power_w = 85;
   a100.idle_power_w = 52;
   a100.clock_switch_s = 15e-3;  // [SWITCH]
-  // The emulator's one clock-power curve was fitted on this GPU's measured iterations.
+  // [PERSEUS-SP] + [KAREUS-IT]: fitted by `kareus calibrate` (docs/emulator.md "Calibration").
+  a100.sm_power_w = 543.921;
+  a100.voltage_ratio = 1.35184;
+  // [PERSEUS-SP]'s power alone suggests a floor near 1050-1100 MHz; the joint fit with
+  // [KAREUS-IT] puts it lower (docs/emulator.md "Calibration").
+  a100.voltage_knee_mhz = 904.491;
   a100.power_calibrated = true;
-  a100.power_source = "fitted to measured A100 SXM4 40GB iterations (data/calibration)";
+  a100.power_source =
+      "fitted to Perseus A100 stage profiles (SOSP '24) and the Kareus A100 iteration figures";
   return a100;
 }
 
@@ -59,8 +72,10 @@ GpuSpec a100_sxm4_80gb() {
   a100_80.name = "a100-sxm4-80gb";
   a100_80.display_name = "NVIDIA A100 SXM4 80GB";
   a100_80.hbm_bandwidth_gbs = 2039;
-  a100_80.power_calibrated = false;
-  a100_80.power_source = "the A100 40GB fit reused (same SMs and clocks, other HBM); not measured";
+  // Same GA100 die, clocks and 400 W limit: the 40GB fit applies (HBM2e traffic differs).
+  a100_80.power_source =
+      "the A100 SXM4 40GB fit (same die, clocks and 400 W limit); Perseus stage profiles are "
+      "A100 SXM";
   return a100_80;
 }
 
@@ -86,8 +101,15 @@ GpuSpec a40() {
   a40.static_power_w = 70;
   a40.idle_power_w = 30;       // estimate
   a40.clock_switch_s = 15e-3;  // [SWITCH]
+  // Estimate, no per-clock measurement: the A100 fit scaled by the power budget above static
+  // power, 543.921 x (300 - 70) / (400 - 85) ([A40-DS] 300 W), so that a dense GEMM at the top
+  // clock is capped as on the A100; the knee at the A100's fraction of the maximum clock
+  // (904.491 / 1410 of 1740) and the A100's voltage ratio.
+  a40.sm_power_w = 397.2;
+  a40.voltage_ratio = 1.35184;
+  a40.voltage_knee_mhz = 1116;
   a40.power_calibrated = false;
-  a40.power_source = "the A100 40GB fit reused; not measured on this GPU";
+  a40.power_source = "estimate from the 300 W TDP and the A100 curve shape";
   return a40;
 }
 
@@ -114,8 +136,15 @@ GpuSpec h100_sxm() {
   h100.static_power_estimated = true;
   h100.idle_power_w = 70;       // estimate
   h100.clock_switch_s = 15e-3;  // [SWITCH]
+  // [H200-MEAS]: sm_power_w fitted by `kareus calibrate` on H200 partitions measured at
+  // 1980 MHz (same GH100 die, clocks and 700 W limit). Voltage ratio and knee: the A100's
+  // fitted ratio, the knee at the A100's fraction of the maximum clock (estimates).
+  h100.sm_power_w = 1041.1;
+  h100.voltage_ratio = 1.35184;
+  h100.voltage_knee_mhz = 1270;  // 904.491 / 1410 of 1980
   h100.power_calibrated = false;
-  h100.power_source = "the A100 40GB fit reused; not measured on this GPU";
+  h100.power_source =
+      "estimate: the H200 fit (same die, clocks and 700 W limit), no H100 measurement";
   return h100;
 }
 
@@ -125,9 +154,12 @@ GpuSpec h200() {
   h200.display_name = "NVIDIA H200 SXM 141GB";
   h200.hbm_bandwidth_gbs = 4800;
   h200.nccl_ring_busbw_gbs = 475;
-  // docs/cuda.md: partitions at 1980 MHz drew 556-700 W where this reused curve gives ~410 W.
+  // Only the maximum clock is measured; the clock-power slope below it, which frequency
+  // planning relies on, is the estimate above, so the GPU stays marked uncalibrated.
+  h200.power_calibrated = false;
   h200.power_source =
-      "the A100 40GB fit reused; a measured H200 drew 556-700 W where it predicts about 410 W";
+      "power at 1980 MHz fitted to partitions measured on one H200 (data/device, 2026-11-29); "
+      "the curve below 1980 MHz is an estimate";
   return h200;
 }
 

@@ -1,12 +1,18 @@
-// `kareus calibrate [CSV] [--workload FILE] [--slow-freq MHZ] [--json]`: fits the emulator's
-// fitted parameters to measured whole-iteration figures and prints them with the residuals.
-// Without arguments it refits the shipped calibration (data/calibration/), reproducing the
-// committed defaults.
+// `kareus calibrate [CSV] [--workload FILE] [--fit MODELS] [--no-fit] [--per-clock]
+// [--json]`: fits the emulator's fitted parameters to measured whole-iteration figures and to the
+// Perseus per-clock A100 stage profiles (data/calibration/), then prints the residuals of both,
+// the profiles the fit saw apart from the held-out ones. Without arguments it refits the
+// shipped calibration, reproducing the committed defaults (docs/emulator.md).
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
+#include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "cli_util.h"
 #include "commands.h"
@@ -20,45 +26,245 @@ namespace {
 constexpr const char* kDefaultCsv =
     "data/calibration/a100-sxm4-40gb_llama3.2-3b_tp8_pp2_mbs8_seq4096.csv";
 constexpr const char* kDefaultWorkload = "workloads/paper/llama3.2-3b_tp8_mbs8_seq4096.yaml";
+constexpr const char* kDefaultProfileDir = "data/calibration";
 
 /// A default path names shipped data: found from the current directory or the source tree.
 std::string shipped_default(const std::string& value, const char* default_value) {
   return value == default_value ? shipped_path(value) : value;
 }
 
+std::string profile_path(const std::string& dir, const std::string& model) {
+  return fmt::format("{}/perseus_stage-profile_{}_a100-sxm_bf16.csv", dir, model);
+}
+
+std::string pct(double x) { return fmt::format("{:+.1f}%", 100 * x); }
+
+nlohmann::json profile_json(const StageProfileResult& r) {
+  nlohmann::json j;
+  j["model"] = r.model;
+  j["norm_time_rms"] = r.norm_time_rms;
+  j["power_rms"] = r.power_rms;
+  for (const auto& x : r.rows) {
+    j["rows"].push_back({{"stage", x.measured.stage},
+                         {"instruction", to_string(x.measured.kind)},
+                         {"freq_mhz", x.measured.freq_mhz},
+                         {"measured_time_s", x.measured.time_s},
+                         {"emulated_time_s", x.emulated_time_s},
+                         {"measured_norm_time", x.measured_norm_time},
+                         {"emulated_norm_time", x.emulated_norm_time},
+                         {"norm_time_error", x.norm_time_error},
+                         {"measured_power_w", x.measured_power_w},
+                         {"emulated_power_w", x.emulated_power_w},
+                         {"power_error", x.power_error}});
+  }
+  return j;
+}
+
+/// Per instruction: RMS and worst error over the clocks; then per clock: RMS over instructions.
+std::string profile_text(const StageProfileResult& r, const std::string& part, bool per_clock) {
+  std::string out =
+      fmt::format("{} stage profile ({}): normalized time RMS {:.2f}%, power RMS {:.2f}%\n",
+                  r.model, part, 100 * r.norm_time_rms, 100 * r.power_rms);
+  struct Acc {
+    double t2 = 0, p2 = 0, tmax = 0, pmax = 0, p_top_meas = 0, p_top_emu = 0;
+    int n = 0;
+  };
+  std::map<std::pair<int, int>, Acc> by_inst;
+  std::map<int, Acc, std::greater<int>> by_clock;
+  int top = 0;
+  for (const auto& x : r.rows) top = std::max(top, x.measured.freq_mhz);
+  for (const auto& x : r.rows) {
+    for (Acc* a : {&by_inst[{x.measured.stage, static_cast<int>(x.measured.kind)}],
+                   &by_clock[x.measured.freq_mhz]}) {
+      a->t2 += x.norm_time_error * x.norm_time_error;
+      a->p2 += x.power_error * x.power_error;
+      if (std::abs(x.norm_time_error) > std::abs(a->tmax)) a->tmax = x.norm_time_error;
+      if (std::abs(x.power_error) > std::abs(a->pmax)) a->pmax = x.power_error;
+      a->p_top_meas += x.measured_power_w;
+      a->p_top_emu += x.emulated_power_w;
+      ++a->n;
+    }
+  }
+  TextTable t({"stage", "instruction", "time RMS", "time worst", "power RMS", "power worst"});
+  for (const auto& [key, a] : by_inst) {
+    t.add_row({std::to_string(key.first), to_string(static_cast<InstructionKind>(key.second)),
+               fmt::format("{:.2f}%", 100 * std::sqrt(a.t2 / a.n)), pct(a.tmax),
+               fmt::format("{:.2f}%", 100 * std::sqrt(a.p2 / a.n)), pct(a.pmax)});
+  }
+  out += t.render();
+  TextTable c({"MHz", "norm. time RMS", "mean measured W", "mean emulated W", "power RMS"});
+  for (const auto& [f, a] : by_clock) {
+    if (!per_clock && f % 90 != top % 90 && f != top) continue;  // every 90 MHz unless asked
+    c.add_row({std::to_string(f), fmt::format("{:.2f}%", 100 * std::sqrt(a.t2 / a.n)),
+               fmt::format("{:.0f}", a.p_top_meas / a.n), fmt::format("{:.0f}", a.p_top_emu / a.n),
+               fmt::format("{:.2f}%", 100 * std::sqrt(a.p2 / a.n))});
+  }
+  return out + c.render();
+}
+
+/// The H200 partitions measured on 2026-11-29 (docs/cuda.md): the first two files fit the
+/// H100/H200 sm_power_w, the third is held out.
+const std::vector<std::string> kDeviceRuns = {
+    "data/device/h200_2026-11-29_llama3.2-3b_tp8_mbs8_seq4096.json",
+    "data/device/h200_2026-11-29_llama3.3-70b_tp8_mbs2_seq4096.json",
+    "data/device/h200_2026-11-29_qwen3-1.7b_cp2tp4_mbs8_seq4096.json"};
+constexpr std::size_t kDeviceFitFiles = 2;
+
+struct DevicePart {
+  std::string label;
+  std::vector<DeviceRow> rows;
+  double time_rms = 0, power_rms = 0;  ///< over rows that are not collective-dominated
+};
+
+DevicePart device_part(const std::string& label, const std::vector<std::string>& files,
+                       const std::string& root, const EmulatorParams& p) {
+  DevicePart d;
+  d.label = label;
+  int n = 0;
+  for (const auto& f : files) {
+    for (const auto& r : evaluate_device_run(f, root, p)) {
+      d.rows.push_back(r);
+      if (r.collective_dominated) continue;
+      d.time_rms += r.time_error * r.time_error;
+      d.power_rms += r.power_error * r.power_error;
+      ++n;
+    }
+  }
+  d.time_rms = n > 0 ? std::sqrt(d.time_rms / n) : 0.0;
+  d.power_rms = n > 0 ? std::sqrt(d.power_rms / n) : 0.0;
+  return d;
+}
+
+std::string device_text(const DevicePart& d) {
+  TextTable t({"workload", "partition", "measured ms", "emulated ms", "error", "measured W",
+               "emulated W", "error", "min MHz", "reasons", "note"});
+  for (const auto& r : d.rows) {
+    t.add_row({r.workload, r.partition, fmt::format("{:.3f}", 1e3 * r.measured_time_s),
+               fmt::format("{:.3f}", 1e3 * r.emulated_time_s), pct(r.time_error),
+               fmt::format("{:.0f}", r.measured_power_w), fmt::format("{:.0f}", r.emulated_power_w),
+               pct(r.power_error), std::to_string(r.measured_min_freq_mhz), r.reasons,
+               r.collective_dominated ? "collective-dominated, excluded" : ""});
+  }
+  return fmt::format(
+             "H200 partitions at 1980 MHz ({}): time RMS {:.1f}%, power RMS {:.1f}% "
+             "(rows not collective-dominated)\n",
+             d.label, 100 * d.time_rms, 100 * d.power_rms) +
+         t.render();
+}
+
+nlohmann::json device_json(const DevicePart& d) {
+  nlohmann::json j;
+  j["part"] = d.label;
+  j["time_rms"] = d.time_rms;
+  j["power_rms"] = d.power_rms;
+  j["rows"] = nlohmann::json::array();
+  for (const auto& r : d.rows) {
+    j["rows"].push_back({{"workload", r.workload},
+                         {"partition", r.partition},
+                         {"measured_time_s", r.measured_time_s},
+                         {"emulated_time_s", r.emulated_time_s},
+                         {"time_error", r.time_error},
+                         {"measured_power_w", r.measured_power_w},
+                         {"emulated_power_w", r.emulated_power_w},
+                         {"power_error", r.power_error},
+                         {"measured_min_freq_mhz", r.measured_min_freq_mhz},
+                         {"reasons", r.reasons},
+                         {"collective_dominated", r.collective_dominated}});
+  }
+  return j;
+}
+
 }  // namespace
 
 void register_calibrate(CLI::App& app, Action& action) {
   auto* cmd = app.add_subcommand(
-      "calibrate", "Fit the emulator to measured iteration time and energy (one workload)");
+      "calibrate",
+      "Fit the emulator to measured iteration figures and per-clock A100 stage profiles");
   // Owned by the subcommand's callback.
   struct Args {
-    std::string csv = kDefaultCsv, workload = kDefaultWorkload;
-    int slow_freq = 1020;
-    bool json = false;
+    std::string csv = kDefaultCsv, workload = kDefaultWorkload, profiles = kDefaultProfileDir;
+    std::vector<std::string> fit = {"gpt3-175b"};
+    bool per_clock = false, json = false, no_fit = false;
   };
   auto args = std::make_shared<Args>();
   cmd->add_option("CSV", args->csv, "calibration CSV (method,iter_time_s,energy_j)")
       ->capture_default_str();
   cmd->add_option("--workload", args->workload, "workload the measurements belong to")
       ->capture_default_str();
-  cmd->add_option("--slow-freq", args->slow_freq, "clock assigned to the slowest perseus row (MHz)")
-      ->capture_default_str()
-      ->check(integer_in(1, 100000, "MHz"));
-  cmd->add_flag("--json", args->json, "machine-readable output");
+  cmd->add_option("--profiles", args->profiles,
+                  "folder with perseus_stage-profile_<model>_a100-sxm_bf16.csv files")
+      ->capture_default_str();
+  cmd->add_option("--fit", args->fit,
+                  "stage profiles the fit uses (gpt3-175b, bloom-176b; 'none' for none); the "
+                  "others are held out")
+      ->capture_default_str();
+  cmd->add_flag("--no-fit", args->no_fit,
+                "report the errors of the committed parameters without refitting (seconds, where "
+                "a fit takes minutes)");
+  cmd->add_flag("--per-clock", args->per_clock, "print every clock, not every 90 MHz");
+  cmd->add_flag("--json", args->json, "machine-readable output (every row)");
   cmd->callback([&action, args] {
     action = [args] {
       const bool json = args->json;
       const std::string csv = shipped_default(args->csv, kDefaultCsv);
       check_input_file("CSV", csv);
       const Workload w = load_workload(shipped_default(args->workload, kDefaultWorkload));
-      const auto targets = read_calibration_targets(csv, w.gpu().max_freq_mhz, args->slow_freq);
-      const CalibrationResult r = calibrate(w, targets, calibration_prior());
+      const auto targets = read_calibration_targets(csv, w.gpu().max_freq_mhz);
+      const std::string dir = shipped_default(args->profiles, kDefaultProfileDir);
+      const auto models = perseus_stage_models();
+      std::set<std::string> fit_models;
+      for (const auto& m : args->fit) {
+        if (m == "none") continue;
+        if (std::find(models.begin(), models.end(), m) == models.end()) {
+          throw InvalidInput(
+              fmt::format("--fit {}: allowed values: gpt3-175b, bloom-176b, none", m));
+        }
+        fit_models.insert(m);
+      }
+      StageProfiles fit, held_out;
+      for (const auto& m : models) {
+        const std::string path = profile_path(dir, m);
+        check_input_file("--profiles", path);
+        (fit_models.count(m) ? fit : held_out).push_back({m, read_stage_profile(path)});
+      }
+      const CalibrationResult r =
+          args->no_fit ? evaluate_calibration(w, targets, EmulatorParams{},
+                                              kPerseusStagePowerLimitW, fit, held_out)
+                       : calibrate(w, targets, calibration_prior(), fit, held_out);
       EmulatorParams p = r.params;
       auto fields = p.fields();
+      // H200: the A100 fit with the H200 catalogue curve, then sm_power_w refitted on the
+      // measured partitions (the voltage curve below 1980 MHz stays the catalogue estimate).
+      // The runs name their workload relative to the source tree: resolve it where the run was
+      // found.
+      const std::string first = shipped_path(kDeviceRuns[0]);
+      const std::string root =
+          first == kDeviceRuns[0] ? "." : first.substr(0, first.size() - kDeviceRuns[0].size() - 1);
+      std::vector<std::string> dev_fit, dev_held;
+      for (std::size_t i = 0; i < kDeviceRuns.size(); ++i) {
+        const std::string path = shipped_path(kDeviceRuns[i]);
+        check_input_file("device run", path);
+        (i < kDeviceFitFiles ? dev_fit : dev_held).push_back(path);
+      }
+      EmulatorParams hp = r.params;
+      hp.sm_power_w = 0;  // the H200's curve, not the A100's
+      hp.voltage_ratio = 0;
+      hp.voltage_knee_mhz = 0;
+      hp.power_limit_w = 0;
+      const double h200_sm_power_w =
+          args->no_fit ? EmulatorModel(gpu_by_name("h200"), hp).params().sm_power_w
+                       : fit_device_sm_power(dev_fit, root, hp);
+      const EmulatorParams committed_h200 = hp;
+      hp.sm_power_w = h200_sm_power_w;
+      const DevicePart dev_fit_part = device_part("fit", dev_fit, root, hp);
+      const DevicePart dev_held_part = device_part("held out", dev_held, root, hp);
       if (json) {
         nlohmann::json j;
         for (const auto& name : r.fitted) j["fitted"][name] = *fields.at(name);
+        j["stage_power_limit_w"] = r.stage_power_limit_w;
+        j["h200_sm_power_w"] = h200_sm_power_w;
+        j["device_fit"] = device_json(dev_fit_part);
+        j["device_held_out"] = device_json(dev_held_part);
         for (const auto& x : r.residuals) {
           j["residuals"].push_back({{"target", x.target.label},
                                     {"measured_time_s", x.target.time_s},
@@ -70,22 +276,43 @@ void register_calibrate(CLI::App& app, Action& action) {
         }
         j["rms_error"] = r.rms_error;
         j["evaluations"] = r.evaluations;
+        j["stage_profiles_fit"] = nlohmann::json::array();
+        j["stage_profiles_held_out"] = nlohmann::json::array();
+        for (const auto& x : r.fit_part) j["stage_profiles_fit"].push_back(profile_json(x));
+        for (const auto& x : r.held_out) j["stage_profiles_held_out"].push_back(profile_json(x));
         std::cout << j.dump(2) << "\n";
         return 0;
       }
-      std::cout << fmt::format("fitted parameters ({} evaluations):\n", r.evaluations);
+      std::cout << (args->no_fit
+                        ? std::string("committed parameters (not refitted):\n")
+                        : fmt::format("fitted parameters ({} evaluations):\n", r.evaluations));
       for (const auto& name : r.fitted) {
         std::cout << fmt::format("  {:<20} {:.6g}\n", name, *fields.at(name));
+      }
+      if (!fit.empty()) {
+        std::cout << fmt::format("  {:<20} {:.6g}  (profiled GPUs' board limit)\n",
+                                 "stage_power_limit_w", r.stage_power_limit_w);
       }
       TextTable t(
           {"target", "measured s", "emulated s", "error", "measured J", "emulated J", "error"});
       for (const auto& x : r.residuals) {
         t.add_row({x.target.label, fmt::format("{:.3f}", x.target.time_s),
-                   fmt::format("{:.3f}", x.time_s), fmt::format("{:+.1f}%", 100 * x.time_error),
+                   fmt::format("{:.3f}", x.time_s), pct(x.time_error),
                    fmt::format("{:.1f}", x.target.energy_j), fmt::format("{:.1f}", x.energy_j),
-                   fmt::format("{:+.1f}%", 100 * x.energy_error)});
+                   pct(x.energy_error)});
       }
-      std::cout << t.render() << fmt::format("rms relative error {:.2f}%\n", 100 * r.rms_error);
+      std::cout << "\nwhole iteration (" << w.name << ", " << w.gpu().display_name << "):\n"
+                << t.render() << fmt::format("rms relative error {:.2f}%\n", 100 * r.rms_error);
+      for (const auto& x : r.fit_part) {
+        std::cout << "\n" << profile_text(x, "fit", args->per_clock);
+      }
+      for (const auto& x : r.held_out) {
+        std::cout << "\n" << profile_text(x, "held out", args->per_clock);
+      }
+      std::cout << fmt::format(
+          "\nH100/H200 sm_power_w fitted on the H200 runs: {:.1f} W (catalogue: {:.1f} W)\n",
+          h200_sm_power_w, EmulatorModel(gpu_by_name("h200"), committed_h200).params().sm_power_w);
+      std::cout << device_text(dev_fit_part) << "\n" << device_text(dev_held_part);
       return 0;
     };
   });
