@@ -23,13 +23,15 @@ struct SearchOptions {
   // mbo. The schedule does not depend on the budget (an initial design, then fixed batches), so
   // a search with budget b measures exactly the first b points of one with a larger budget when
   // b falls on a batch boundary (28, 56, 84, ... with the defaults).
-  int initial_points = 28;                ///< initial design size
-  int batch_size = 28;                    ///< points per refit
-  double share_hvi_total = 0.4;           ///< HVI on (time, total energy)
-  double share_hvi_dynamic = 0.2;         ///< HVI on (time, dynamic energy)
-  double share_fastest = 0.2;             ///< lowest predicted time
-  double share_uncertain = 0.2;           ///< highest ensemble uncertainty
-  std::string initial_design = "random";  ///< random or lhs (Latin hypercube over the knobs)
+  int initial_points = 28;         ///< initial design size
+  int batch_size = 28;             ///< points per refit
+  double share_hvi_total = 0.4;    ///< HVI on (time, total energy)
+  double share_hvi_dynamic = 0.2;  ///< HVI on (time, dynamic energy)
+  double share_fastest = 0.2;      ///< lowest predicted time
+  double share_uncertain = 0.2;    ///< highest ensemble uncertainty
+  /// "lhs" (Latin hypercube over clock, SMs and slot: with at least as many initial points as
+  /// clocks, every clock is measured before the first refit) or "random" (the artifact's).
+  std::string initial_design = "lhs";
   double stop_threshold = 0;  ///< stop when stop_patience batches in a row each raise the
                               ///< measured hypervolume by less than this fraction (0: never)
   int stop_patience = 2;

@@ -2,15 +2,18 @@
 //
 // `mbo` is the multi-pass multi-objective Bayesian optimization of Kareus (Wu, Chung, Chowdhury,
 // OSDI '26, section 5): gradient-boosted-tree surrogates for time and dynamic energy, a
-// bootstrap ensemble for uncertainty, random initial points, then batches filled by several
+// bootstrap ensemble for uncertainty, an initial design, then batches filled by several
 // passes over the unevaluated candidates, each with its own criterion: hypervolume improvement
 // (HVI) of the predicted mean on (time, total energy) and on (time, dynamic energy), lowest
 // predicted time, highest uncertainty. Objectives are min-max normalized on the measured points
 // and the reference point is 1.1 x the worst observed value. Beyond the artifact: within a pass
 // the HVI picks are greedy with the picked predictions added to the front ("Kriging believer",
-// Ginsbourger et al. 2010), so one batch does not spend many points on one spot; an optional
-// Latin-hypercube initial design (McKay, Beckman, Conover, Technometrics 1979); an optional
-// stopping rule on measured hypervolume growth.
+// Ginsbourger et al. 2010), so one batch does not spend many points on one spot; a
+// Latin-hypercube initial design by default (McKay, Beckman, Conover, Technometrics 1979), so
+// every clock is measured before the first refit: the additive surrogate below only
+// extrapolates to a clock it has not seen (flat beyond the measured range), and under a power
+// cap the fastest and the cheapest configurations sit at the two ends of the clock range; an
+// optional stopping rule on measured hypervolume growth.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 

@@ -239,6 +239,13 @@ TEST(Search, LatinHypercubeAndStoppingRule) {
   // A stopped search measured a prefix of the full one (the schedule is budget-independent).
   SearchOptions full;
   const auto fr = create_search_strategy("mbo")->run(p, space, f.cp, full, {});
+  // The default initial design is the Latin hypercube: its 28 points reach all 18 clocks
+  // before the first refit (a random design of 28 leaves some out, and the surrogate can only
+  // extrapolate to them).
+  EXPECT_EQ(full.initial_design, "lhs");
+  std::set<int> initial_clocks;
+  for (std::size_t i = 0; i < 28; ++i) initial_clocks.insert(fr.points[i].config.freq_mhz);
+  EXPECT_EQ(initial_clocks.size(), 18u);
   auto prefix = configs(fr);
   prefix.resize(st.points.size());
   EXPECT_EQ(configs(st), prefix);

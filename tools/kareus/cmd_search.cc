@@ -73,13 +73,14 @@ void register_search(CLI::App& app, Action& action) {
       ->check(integer_in(1, 1000000, "measurements"));
   cmd->add_option("--seed", a.opt.seed, "seed of every random choice")->capture_default_str();
   cmd->add_option("--initial-points", a.opt.initial_points,
-                  "mbo: random initial points (not scaled with the budget)")
+                  "mbo: initial design points (not scaled with the budget)")
       ->capture_default_str()
       ->check(integer_in(1, 1000000, "points"));
   cmd->add_option("--batch-size", a.opt.batch_size, "mbo: points per batch")
       ->capture_default_str()
       ->check(integer_in(1, 1000000, "points"));
-  cmd->add_option("--initial-design", a.opt.initial_design, "mbo: random or lhs")
+  cmd->add_option("--initial-design", a.opt.initial_design,
+                  "mbo: lhs (Latin hypercube: every clock in the initial points) or random")
       ->capture_default_str()
       ->check(CLI::IsMember({"random", "lhs"}));
   cmd->add_option("--stop-threshold", a.opt.stop_threshold,
