@@ -305,6 +305,25 @@ MethodFrontier Planner::frontier_layers(Method m) {
   return mf;
 }
 
+// Adds to a per-layer table each uniform option that no option at its clock matches or beats.
+// Why: the per-layer table is Pareto-filtered across clocks, so a mix at one clock can remove
+// another clock's uniform option. frontier_layers maps the uniform frontier's points onto the
+// per-layer DAG at their own clocks (to keep their clock-switch stalls); without that clock's
+// option the mapped point moves to a costlier one or to another clock, with other stalls, and
+// the per-layer frontier could lose to the uniform one.
+static void keep_uniform_options(std::vector<InstructionOption>& table,
+                                 const std::vector<InstructionOption>& uniform) {
+  const std::size_t n = table.size();
+  for (const InstructionOption& u : uniform) {
+    bool covered = false;
+    for (std::size_t j = 0; j < n && !covered; ++j) {
+      covered = table[j].freq_mhz == u.freq_mhz && table[j].time_s <= u.time_s &&
+                table[j].dynamic_energy_j <= u.dynamic_energy_j;
+    }
+    if (!covered) table.push_back(u);
+  }
+}
+
 // Instruction options of every (stage, kind), then the costs of messages and reductions: one
 // option each, at the maximum clock with NCCL's default CTAs.
 void Planner::compose_tables(MethodFrontier& mf, bool per_instance) {
@@ -317,6 +336,7 @@ void Planner::compose_tables(MethodFrontier& mf, bool per_instance) {
     for (InstructionKind k : {InstructionKind::kForward, InstructionKind::kBackward}) {
       auto& table = mf.tables[2 * static_cast<std::size_t>(s) + static_cast<std::size_t>(k)];
       table = instruction_options(mf.method, s, k, per_instance);
+      if (per_instance) keep_uniform_options(table, instruction_options(mf.method, s, k, false));
       if (table.empty()) {
         throw InternalError(fmt::format("no option for {} on stage {}", to_string(k), s));
       }
