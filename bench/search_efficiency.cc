@@ -15,7 +15,7 @@
 //          [--surrogate additive|trees] [--noise-rel X]
 //          [--initial-design random|lhs] [--initial-points N] [--batch-size N]
 //          [--measurement-weight W] [--smoothing-min-points N] [--stop-threshold X]
-//          [--stop-patience N]
+//          [--stop-patience N] [--clock-smoothing X]
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <time.h>
@@ -123,6 +123,8 @@ int main(int argc, char** argv) {
       base.stop_patience = std::stoi(next());
     else if (a == "--stop-threshold")
       base.stop_threshold = std::stod(next());
+    else if (a == "--clock-smoothing")
+      base.clock_smoothing = std::stod(next());
     else {
       fmt::print(stderr,
                  "usage: search_efficiency [--seeds N] [--threads N] [--filter S] [--json F] "
@@ -130,7 +132,7 @@ int main(int argc, char** argv) {
                  "[--surrogate additive|trees] [--noise-rel X] "
                  "[--initial-design random|lhs] [--initial-points N] [--batch-size N] "
                  "[--measurement-weight W] [--smoothing-min-points N] [--stop-threshold X] "
-                 "[--stop-patience N]\n");
+                 "[--stop-patience N] [--clock-smoothing X]\n");
       return 2;
     }
   }

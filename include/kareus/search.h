@@ -39,19 +39,24 @@ struct SearchOptions {
   /// over clock and (SMs, slot), with tree ensembles on its residuals) or "trees" (tree
   /// ensembles on the raw objectives, the artifact's).
   std::string surrogate = "additive";
+  /// The additive model's clock effect: penalty on its squared second differences over the
+  /// clock (a Whittaker smoother, so adjacent clocks share their points; see strategies.cc);
+  /// 0: a free effect per clock.
+  double clock_smoothing = 100;
   /// How mbo picks its recommended front (SearchResult::selected): "smoothed" (Pareto set of
   /// noise-shrunk estimates, see select_front) or "measured" (Pareto set of the raw
   /// measurements, the artifact's choice).
   std::string selection = "smoothed";
   /// Smoothed selection needs this many points; with fewer, the cross-fitted models (each
   /// trained on 4/5 of the points) are worse than the noise they would remove, and the
-  /// measured Pareto set is returned (truth-scored benchmark, docs/search.md: measured
-  /// selection wins at 56 points, smoothed at 112).
-  int smoothing_min_points = 112;
+  /// measured Pareto set is returned (truth-scored benchmark, docs/search.md: with the smoothed
+  /// clock effect and per-point weights the smoothed set wins from 56 points on).
+  int smoothing_min_points = 56;
   /// Smoothed selection: weight of the measurement in each estimate, the rest is the
   /// cross-fitted surrogate prediction (1: measured front, 0: prediction only); -1: automatic,
-  /// per objective, from noise_rel (see select_front).
-  double measurement_weight = 0.5;
+  /// per point and objective, from noise_rel and the number of points behind the prediction
+  /// (see select_front).
+  double measurement_weight = -1;
   /// Relative standard deviation of one measurement (its repeatability; the emulator's default
   /// noise is 0.01), used by the automatic measurement weight.
   double noise_rel = 0.01;
@@ -107,14 +112,16 @@ std::vector<std::string> search_strategy_names();
 
 /// The configurations to recommend from measured points (indices into `points`, time
 /// ascending): with o.selection == "smoothed", the Pareto set on (time_s, energy_j) of
-/// estimates m * w + (1 - w) * p, where m is the measurement, p the prediction of the additive
+/// estimates w * m + (1 - w) * p, where m is the measurement, p the prediction of the additive
 /// model plus residual trees fitted on the other folds (5-fold cross-fitting, so p never saw
-/// m's noise) and w = o.measurement_weight, or with -1, per objective,
-/// max(0, 1 - noise_rel^2 / mean squared log residual of m against p): the share of the
-/// residual that is model error rather than noise. Near-ties measured with noise otherwise let
-/// lucky draws push truly better configurations off the front. "measured": the Pareto set of the
-/// measurements. Fewer than 16 points, or a space of one configuration per clock, fall back to
-/// "measured". Deterministic given o.seed.
+/// m's noise) and w = o.measurement_weight, or with -1, per point and objective, the
+/// empirical-Bayes weight (v + tau^2) / (v + tau^2 + noise_rel^2): v is the variance of p's
+/// additive part (noise_rel^2 over the number of other points at the point's clock, plus the
+/// same at its (SMs, slot) choice) and tau^2 the model's misfit near the front (cross-fitted
+/// log residuals of the points nearest it, less the noise and v). Near-ties measured with
+/// noise otherwise let lucky draws push truly better configurations off the front.
+/// "measured": the Pareto set of the measurements. Fewer than 16 points, or a space of one
+/// configuration per clock, fall back to "measured". Deterministic given o.seed.
 std::vector<std::size_t> select_front(const std::vector<SearchPoint>& points,
                                       const SearchSpace& space, const SearchOptions& o);
 

@@ -282,7 +282,7 @@ MethodFrontier Planner::frontier_layers(Method m) {
   // per-layer frontier is never worse. With clock-switch stalls, the uniform frontier's
   // post-processed points are mapped at their own clocks, so they keep their stalls.
   MethodFrontier uniform = frontier_with(m, false);
-  MethodFrontier mf = frontier_with(m, true);
+  MethodFrontier mf = frontier_with(m, true, &uniform.tables);
   for (const FrontierPoint& up : uniform.points) {
     FrontierPoint p;
     p.choice = map_uniform_choice(uniform, mf, up.choice, false);
@@ -326,7 +326,8 @@ static void keep_uniform_options(std::vector<InstructionOption>& table,
 
 // Instruction options of every (stage, kind), then the costs of messages and reductions: one
 // option each, at the maximum clock with NCCL's default CTAs.
-void Planner::compose_tables(MethodFrontier& mf, bool per_instance) {
+void Planner::compose_tables(MethodFrontier& mf, bool per_instance,
+                             const std::vector<std::vector<InstructionOption>>* uniform) {
   const int pp = w_.parallel.pp;
   const std::size_t total = 2 * static_cast<std::size_t>(pp);
   const std::string label = fmt::format("compose {}", to_string(mf.method));
@@ -334,9 +335,13 @@ void Planner::compose_tables(MethodFrontier& mf, bool per_instance) {
   std::size_t done = 0;
   for (int s = 0; s < pp; ++s) {
     for (InstructionKind k : {InstructionKind::kForward, InstructionKind::kBackward}) {
-      auto& table = mf.tables[2 * static_cast<std::size_t>(s) + static_cast<std::size_t>(k)];
+      const std::size_t t = 2 * static_cast<std::size_t>(s) + static_cast<std::size_t>(k);
+      auto& table = mf.tables[t];
       table = instruction_options(mf.method, s, k, per_instance);
-      if (per_instance) keep_uniform_options(table, instruction_options(mf.method, s, k, false));
+      if (per_instance) {
+        keep_uniform_options(table,
+                             uniform ? (*uniform)[t] : instruction_options(mf.method, s, k, false));
+      }
       if (table.empty()) {
         throw InternalError(fmt::format("no option for {} on stage {}", to_string(k), s));
       }
@@ -457,7 +462,8 @@ void Planner::check_frontier_memory(const MethodFrontier& mf) const {
       m.options, m.solver_steps, o_.unit_s, o_.frontier_memory_mb));
 }
 
-MethodFrontier Planner::frontier_with(Method m, bool per_instance) {
+MethodFrontier Planner::frontier_with(Method m, bool per_instance,
+                                      const std::vector<std::vector<InstructionOption>>* uniform) {
   MethodFrontier mf;
   mf.method = m;
   const Method run_as = sequential_counterpart(w_, m);
@@ -466,7 +472,7 @@ MethodFrontier Planner::frontier_with(Method m, bool per_instance) {
                      : ExecutionMode::kOverlapped;
   mf.dag.static_power_w = profiler_.backend().static_power_w();
   mf.dag.gpus = w_.cluster.gpus();
-  compose_tables(mf, per_instance);
+  compose_tables(mf, per_instance, uniform);
   build_iteration_dag(w_, ps_, mf);
   check_frontier_memory(mf);
   FrontierOptions fo;

@@ -28,8 +28,48 @@
 
 #include "kareus/error.h"
 #include "kareus/search.h"
+#include "selection.h"
 
 namespace kareus {
+
+// a = argmin sum_f (n_f a_f^2 - 2 a_f s_f) + penalty |D a|^2, i.e. (diag(n) + penalty D'D) a =
+// s, where the rows of D are second divided differences scaled by the squared mean clock step
+// (so even steps give (1, -2, 1)). The system is symmetric positive definite once two clocks
+// are measured; a tiny ridge keeps it so with one. Dense elimination: a GPU has ~20 clocks.
+std::vector<double> whittaker_clock_effect(const std::vector<int>& freqs_mhz,
+                                           const std::vector<int>& counts,
+                                           const std::vector<double>& sums, double penalty) {
+  const std::size_t k = freqs_mhz.size();
+  std::vector<double> m(k * k, 0.0), rhs = sums, a(k, 0.0);
+  for (std::size_t f = 0; f < k; ++f) m[f * k + f] = counts[f] + 1e-9;
+  if (k >= 3) {
+    const double step = static_cast<double>(freqs_mhz.back() - freqs_mhz.front()) / (k - 1);
+    for (std::size_t c = 1; c + 1 < k; ++c) {
+      const double h1 = freqs_mhz[c] - freqs_mhz[c - 1], h2 = freqs_mhz[c + 1] - freqs_mhz[c];
+      const double d[3] = {2 * step * step / (h1 * (h1 + h2)), -2 * step * step / (h1 * h2),
+                           2 * step * step / (h2 * (h1 + h2))};
+      for (std::size_t i = 0; i < 3; ++i) {
+        for (std::size_t j = 0; j < 3; ++j)
+          m[(c - 1 + i) * k + (c - 1 + j)] += penalty * d[i] * d[j];
+      }
+    }
+  }
+  // Gaussian elimination without pivoting (the matrix is positive definite).
+  for (std::size_t c = 0; c < k; ++c) {
+    for (std::size_t r = c + 1; r < k; ++r) {
+      const double f = m[r * k + c] / m[c * k + c];
+      if (f == 0) continue;
+      for (std::size_t j = c; j < k; ++j) m[r * k + j] -= f * m[c * k + j];
+      rhs[r] -= f * rhs[c];
+    }
+  }
+  for (std::size_t c = k; c-- > 0;) {
+    double v = rhs[c];
+    for (std::size_t j = c + 1; j < k; ++j) v -= m[c * k + j] * a[j];
+    a[c] = v / m[c * k + c];
+  }
+  return a;
+}
 
 std::vector<std::size_t> SearchResult::front() const {
   std::vector<Point2> pts;
@@ -217,13 +257,21 @@ Levels levels_of(const SearchSpace& space, const PartitionConfig& c) {
 // layout, fitted by backfitting; Hastie & Tibshirani, Generalized Additive Models, 1990). Why:
 // the clock scales the compute of every configuration by about the same factor, so the relative
 // merit of an (SMs, slot) choice carries over from the clocks where it was measured to those
-// where it was not, which trees on raw values learn only from many points. Effects shrink
-// toward 0 with a pseudo-count (an unseen combination predicts the average); unseen clocks
-// interpolate linearly between measured neighbours. Trees then fit what this model leaves.
+// where it was not, which trees on raw values learn only from many points. Effects of the
+// (SMs, slot) choices shrink toward 0 with a pseudo-count (an unseen combination predicts the
+// average). The clock effect is a Whittaker smoother (Eilers, Analytical Chemistry 2003): it
+// minimizes the squared residuals plus `clock_penalty` times the squared second differences of
+// a over the clock (divided differences, so uneven clock lists work), so adjacent clocks share
+// their points. Why: with a dozen noisy points per clock, free per-clock effects are off by
+// about 0.3% each, as large as the differences between adjacent clocks that decide which end
+// of the front a point belongs to; time and energy are smooth in the clock. A penalty of 0
+// gives free effects, with unseen clocks interpolated linearly between measured neighbours.
+// Trees then fit what this model leaves (kinks such as the power cap).
 class AdditiveModel {
  public:
-  AdditiveModel(const SearchSpace& space)
+  AdditiveModel(const SearchSpace& space, double clock_penalty)
       : freqs_(space.freqs_mhz),
+        penalty_(clock_penalty),
         a_(space.freqs_mhz.size(), 0.0),
         b_(space.sms.size() * space.slots.size(), 0.0) {}
 
@@ -243,13 +291,24 @@ class AdditiveModel {
       std::fill(sa.begin(), sa.end(), 0.0);
       for (std::size_t i = 0; i < lv.size(); ++i)
         sa[lv[i].freq] += log_y[i] - mu_ - b_[lv[i].combo];
-      for (std::size_t f = 0; f < a_.size(); ++f) a_[f] = na[f] ? sa[f] / na[f] : 0.0;
+      if (penalty_ > 0) {
+        a_ = whittaker_clock_effect(freqs_, na, sa, penalty_);
+      } else {
+        for (std::size_t f = 0; f < a_.size(); ++f) a_[f] = na[f] ? sa[f] / na[f] : 0.0;
+      }
       std::fill(sb.begin(), sb.end(), 0.0);
       for (std::size_t i = 0; i < lv.size(); ++i)
         sb[lv[i].combo] += log_y[i] - mu_ - a_[lv[i].freq];
       for (std::size_t c = 0; c < b_.size(); ++c) b_[c] = sb[c] / (nb[c] + kPseudo);
     }
-    // Clocks without a measurement: linear in the clock between measured neighbours.
+    if (penalty_ <= 0) interpolate_unseen_clocks(na);
+  }
+  double predict(const Levels& l) const { return mu_ + a_[l.freq] + b_[l.combo]; }
+
+ private:
+  // Free clock effects: a clock without a measurement is linear in the clock between measured
+  // neighbours, flat beyond the measured range.
+  void interpolate_unseen_clocks(const std::vector<int>& na) {
     for (std::size_t f = 0; f < a_.size(); ++f) {
       if (na[f]) continue;
       std::size_t lo = a_.size(), hi = a_.size();
@@ -266,10 +325,9 @@ class AdditiveModel {
       }
     }
   }
-  double predict(const Levels& l) const { return mu_ + a_[l.freq] + b_[l.combo]; }
 
- private:
   std::vector<int> freqs_;
+  double penalty_ = 0;
   double mu_ = 0;
   std::vector<double> a_, b_;
 };
@@ -321,7 +379,7 @@ class BatchSelector {
   void fit_and_predict(const Matrix& all, const Recorder& rec, const SearchSpace& space,
                        const SearchOptions& o, double p_static, std::uint64_t seed) {
     const bool additive = o.surrogate == "additive";
-    AdditiveModel at(space), ad(space);
+    AdditiveModel at(space, o.clock_smoothing), ad(space, o.clock_smoothing);
     std::vector<Levels> lv;
     for (std::size_t i = 0; i < pts_.size(); ++i) lv.push_back(levels_of(space, pts_[i].config));
     std::vector<double> lt, ld;
@@ -550,6 +608,9 @@ class MboSearch : public SearchStrategy {
     if (o.stop_patience < 1) {
       bad(fmt::format("stop_patience must be >= 1, got {}", o.stop_patience));
     }
+    if (!(o.clock_smoothing >= 0)) {
+      bad(fmt::format("clock_smoothing must be >= 0, got {}", o.clock_smoothing));
+    }
     if (o.smoothing_min_points < 0) {
       bad(fmt::format("smoothing_min_points must be >= 0, got {}", o.smoothing_min_points));
     }
@@ -632,6 +693,7 @@ struct CrossFit {
   std::vector<std::size_t> fold;  ///< fold of each point
   std::vector<Levels> lv;         ///< additive-model levels of each point
   std::uint64_t seed;
+  double clock_smoothing;  ///< AdditiveModel's clock penalty
 };
 
 constexpr std::size_t kFolds = 5;
@@ -658,7 +720,7 @@ void fit_fold(const CrossFit& cf, std::size_t k, const std::vector<double>& v,
     }
   }
   if (held.empty()) return;
-  AdditiveModel am(cf.space);
+  AdditiveModel am(cf.space, cf.clock_smoothing);
   am.fit(lv_tr, ly_tr);
   std::vector<float> res;
   double ss = 0;
@@ -687,19 +749,39 @@ void fit_fold(const CrossFit& cf, std::size_t k, const std::vector<double>& v,
   }
 }
 
-// Weight of the measurement: fixed, or the empirical-Bayes share of the model's own error in
-// the cross-fitted residuals, whose variance is model error + noise (relative, so in logs):
-// w = max(0, 1 - noise^2 / residual variance).
-double measurement_weight(const SearchOptions& o, const std::vector<double>& m,
-                          const std::vector<double>& pred) {
-  if (o.measurement_weight >= 0) return o.measurement_weight;
-  double v = 0;
-  for (std::size_t i = 0; i < m.size(); ++i) v += std::pow(safe_log(m[i]) - safe_log(pred[i]), 2);
-  v /= static_cast<double>(m.size());
-  return v > 0 ? std::clamp(1.0 - o.noise_rel * o.noise_rel / v, 0.0, 1.0) : 0.0;
-}
-
 }  // namespace
+
+// Per-point weights of the measurement in the estimates of one objective (empirical Bayes; Efron
+// & Morris, JASA 1973): the measurement m_i has variance s^2 (noise_rel^2, in logs); the
+// cross-fitted prediction p_i has the variance v_i of the additive model's two effects it sums,
+// each estimated from the other points at its level (about s^2 / (n - 1)), plus the model's
+// misfit tau^2. The precision-weighted mean puts w_i = (v_i + tau^2) / (v_i + tau^2 + s^2) on
+// m_i. Why per point: a configuration whose (SMs, slot) choice was measured once is predicted
+// from almost nothing and should keep its measurement, one measured at a dozen clocks is
+// predicted better than it is measured. tau^2 comes from the points near the front (the quarter
+// nearest the front of the w = 0.5 estimates, at least 8), since the model's misfit far behind
+// it (the slowest SM counts) says nothing about the near-ties the selection has to break:
+// tau^2 = max(0, mean (log m - log p)^2 - s^2 - mean v) over those points.
+std::vector<double> measurement_weights(const SearchOptions& o, const std::vector<double>& m,
+                                        const std::vector<double>& pred,
+                                        const std::vector<double>& model_var,
+                                        const std::vector<std::size_t>& near_front) {
+  if (o.measurement_weight >= 0) return std::vector<double>(m.size(), o.measurement_weight);
+  const double s2 = o.noise_rel * o.noise_rel;
+  double r2 = 0, v = 0;
+  for (std::size_t i : near_front) {
+    r2 += std::pow(safe_log(m[i]) - safe_log(pred[i]), 2);
+    v += model_var[i];
+  }
+  const double n = static_cast<double>(std::max<std::size_t>(1, near_front.size()));
+  const double tau2 = std::max(0.0, (r2 - v) / n - s2);
+  std::vector<double> w(m.size());
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    const double u = model_var[i] + tau2;
+    w[i] = u + s2 > 0 ? u / (u + s2) : 1.0;
+  }
+  return w;
+}
 
 std::vector<std::size_t> select_front(const std::vector<SearchPoint>& points,
                                       const SearchSpace& space, const SearchOptions& o) {
@@ -711,7 +793,7 @@ std::vector<std::size_t> select_front(const std::vector<SearchPoint>& points,
       space.sms.size() * space.slots.size() < 2) {
     return pareto_front(measured);
   }
-  CrossFit cf{space, {}, std::vector<std::size_t>(points.size()), {}, o.seed};
+  CrossFit cf{space, {}, std::vector<std::size_t>(points.size()), {}, o.seed, o.clock_smoothing};
   cf.x.rows = points.size();
   cf.x.cols = feature_count(space);
   cf.x.data.assign(cf.x.rows * cf.x.cols, 0.0f);
@@ -733,11 +815,47 @@ std::vector<std::size_t> select_front(const std::vector<SearchPoint>& points,
     fit_fold(cf, k, t, pt, true);
     fit_fold(cf, k, e, pe, false);
   }
-  const double wt = measurement_weight(o, t, pt), we = measurement_weight(o, e, pe);
+  // Variance of each prediction's additive part in units of s^2, from the number of other
+  // points at its clock and at its (SMs, slot) choice.
+  std::map<std::size_t, int> n_combo, n_clock;
+  for (const auto& l : cf.lv) {
+    ++n_combo[l.combo];
+    ++n_clock[l.freq];
+  }
+  std::vector<double> model_var(points.size());
+  const double s2 = o.noise_rel * o.noise_rel;
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    model_var[i] = s2 * (1.0 / std::max(1, n_combo[cf.lv[i].combo] - 1) +
+                         1.0 / std::max(1, n_clock[cf.lv[i].freq] - 1));
+  }
+  // The points nearest the front of the equal-weight estimates (normalized epsilon behind it).
+  std::vector<Point2> half;
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    half.push_back({0.5 * (t[i] + pt[i]), 0.5 * (e[i] + pe[i])});
+  }
+  std::vector<double> hx, hy;
+  for (const auto& q : half) {
+    hx.push_back(q.x);
+    hy.push_back(q.y);
+  }
+  const Scale sx = Scale::of(hx), sy = Scale::of(hy);
+  std::vector<Point2> scaled, front;
+  for (const auto& q : half) scaled.push_back({sx(q.x), sy(q.y)});
+  for (std::size_t i : pareto_front(half)) front.push_back(scaled[i]);
+  std::vector<std::pair<double, std::size_t>> behind;
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    behind.push_back({epsilon_behind(front, scaled[i]), i});
+  }
+  std::sort(behind.begin(), behind.end());
+  behind.resize(std::min(behind.size(), std::max<std::size_t>(8, points.size() / 4)));
+  std::vector<std::size_t> near_front;
+  for (const auto& b : behind) near_front.push_back(b.second);
+  const auto wt = measurement_weights(o, t, pt, model_var, near_front);
+  const auto we = measurement_weights(o, e, pe, model_var, near_front);
   std::vector<Point2> est;
   est.reserve(points.size());
   for (std::size_t i = 0; i < points.size(); ++i) {
-    est.push_back({wt * t[i] + (1 - wt) * pt[i], we * e[i] + (1 - we) * pe[i]});
+    est.push_back({wt[i] * t[i] + (1 - wt[i]) * pt[i], we[i] * e[i] + (1 - we[i]) * pe[i]});
   }
   return pareto_front(est);
 }

@@ -3,12 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "kareus/emulator.h"
 #include "kareus/error.h"
+#include "search/selection.h"
 #include "test_util.h"
 
 namespace kareus {
@@ -157,20 +159,26 @@ TEST(Search, SelectFrontOptions) {
   // Weight 1 on the measurement, or "measured": exactly the measured Pareto set.
   o.measurement_weight = 1.0;
   EXPECT_EQ(select_front(r.points, space, o), r.front());
+  // The automatic weight with noise-free measurements: every weight is 1, the measured set.
+  o.measurement_weight = -1;
+  o.noise_rel = 0;
+  EXPECT_EQ(select_front(r.points, space, o), r.front());
+  o.noise_rel = 0.01;
   o.measurement_weight = 0.5;
   o.selection = "measured";
   EXPECT_EQ(select_front(r.points, space, o), r.front());
   // The smoothed set is a Pareto set of estimates: never empty, no index twice, time order of
   // the estimates is not required to match the measurements', but it is a subset of the points.
   o.selection = "smoothed";
+  o.measurement_weight = -1;
   const auto sel = select_front(r.points, space, o);
   EXPECT_EQ(sel, r.selected);  // the run's own recommendation, deterministic
   ASSERT_FALSE(sel.empty());
   EXPECT_EQ(std::set<std::size_t>(sel.begin(), sel.end()).size(), sel.size());
   for (std::size_t i : sel) EXPECT_LT(i, r.points.size());
-  // Fewer than smoothing_min_points (112 by default): the measured set.
-  ASSERT_EQ(o.smoothing_min_points, 112);
-  const std::vector<SearchPoint> few(r.points.begin(), r.points.begin() + 111);
+  // Fewer than smoothing_min_points (56 by default): the measured set.
+  ASSERT_EQ(o.smoothing_min_points, 56);
+  const std::vector<SearchPoint> few(r.points.begin(), r.points.begin() + 55);
   std::vector<Point2> few_m;
   for (const auto& x : few) few_m.push_back({x.m.time_s, x.m.energy_j});
   EXPECT_EQ(select_front(few, space, o), pareto_front(few_m));
@@ -184,6 +192,66 @@ TEST(Search, SelectFrontOptions) {
     make_bad(b);
     EXPECT_THROW(create_search_strategy("mbo")->run(p, space, f.cp, b, {}), InvalidInput);
   }
+}
+
+// The automatic weight against hand-computed empirical-Bayes numbers (noise 1%, s^2 = 1e-4).
+TEST(Search, MeasurementWeightsAreThePrecisionShares) {
+  SearchOptions o;
+  ASSERT_EQ(o.measurement_weight, -1);  // automatic by default
+  o.noise_rel = 0.01;
+  const std::vector<double> m = {1.0, 1.0, 1.0, 1.0};
+  // Log residuals 0.02, -0.02, 0 on the near-front points; the fourth point is far behind the
+  // front and its misfit of 0.5 must not count.
+  const std::vector<double> pred = {std::exp(0.02), std::exp(-0.02), 1.0, std::exp(0.5)};
+  const std::vector<double> v = {1e-4, 1e-4, 2e-4, 1e-4};
+  // tau^2 = (4e-4 + 4e-4 + 0 - 4e-4) / 3 - 1e-4 = 1/3 x 1e-4, so w = (v + tau^2) / (v + tau^2 +
+  // s^2): 4/7 for v = 1e-4 and 7/10 for v = 2e-4.
+  auto w = measurement_weights(o, m, pred, v, {0, 1, 2});
+  ASSERT_EQ(w.size(), 4u);
+  EXPECT_NEAR(w[0], 4.0 / 7, 1e-12);
+  EXPECT_NEAR(w[1], 4.0 / 7, 1e-12);
+  EXPECT_NEAR(w[2], 0.7, 1e-12);
+  EXPECT_NEAR(w[3], 4.0 / 7, 1e-12);
+  // A model that fits to within the noise: tau^2 = 0, w = v / (v + s^2).
+  w = measurement_weights(o, m, m, v, {0, 1, 2, 3});
+  EXPECT_NEAR(w[0], 0.5, 1e-12);
+  EXPECT_NEAR(w[2], 2.0 / 3, 1e-12);
+  // Noise-free measurements are taken as they are; a fixed weight is used as given.
+  o.noise_rel = 0;
+  w = measurement_weights(o, m, pred, {0, 0, 0, 0}, {0, 1, 2});
+  for (double x : w) EXPECT_EQ(x, 1.0);
+  o.measurement_weight = 0.25;
+  w = measurement_weights(o, m, pred, v, {0, 1, 2});
+  for (double x : w) EXPECT_EQ(x, 0.25);
+}
+
+// The clock effect's smoother against hand-solved systems.
+TEST(Search, ClockEffectIsAWhittakerSmoother) {
+  // Three even clocks, one point each, sums (0, 1, 0), penalty 1: (I + D'D) a = s with
+  // D = (1, -2, 1) gives a = (2/7, 3/7, 2/7).
+  auto a = whittaker_clock_effect({900, 930, 960}, {1, 1, 1}, {0, 1, 0}, 1.0);
+  ASSERT_EQ(a.size(), 3u);
+  EXPECT_NEAR(a[0], 2.0 / 7, 1e-9);
+  EXPECT_NEAR(a[1], 3.0 / 7, 1e-9);
+  EXPECT_NEAR(a[2], 2.0 / 7, 1e-9);
+  // Penalty 0: the per-clock means (up to the 1e-9 ridge).
+  a = whittaker_clock_effect({900, 930, 960}, {2, 4, 1}, {1, 2, -3}, 0.0);
+  EXPECT_NEAR(a[0], 0.5, 1e-8);
+  EXPECT_NEAR(a[1], 0.5, 1e-8);
+  EXPECT_NEAR(a[2], -3.0, 1e-8);
+  // A response linear in the clock is not penalized, on uneven clocks too, and a clock without
+  // points is interpolated on the line (and extrapolated beyond the measured ones).
+  const std::vector<int> f = {800, 900, 930, 1000, 1200};
+  auto line = [](int mhz) { return 0.5 - 0.002 * mhz; };
+  std::vector<int> n = {0, 3, 0, 2, 1};
+  std::vector<double> s;
+  for (std::size_t i = 0; i < f.size(); ++i) s.push_back(n[i] * line(f[i]));
+  a = whittaker_clock_effect(f, n, s, 1e4);
+  for (std::size_t i = 0; i < f.size(); ++i) EXPECT_NEAR(a[i], line(f[i]), 1e-6) << f[i];
+  // A huge penalty on curved data: the least-squares line through the points. Points at
+  // x = 0, 1, 2 (one each, even steps) with values 0, 1, 0: the line is 1/3.
+  a = whittaker_clock_effect({900, 930, 960}, {1, 1, 1}, {0, 1, 0}, 1e9);
+  for (double v : a) EXPECT_NEAR(v, 1.0 / 3, 1e-6);
 }
 
 TEST(Search, FrontsPerFrequencyMatchBruteForce) {

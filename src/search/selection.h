@@ -1,0 +1,27 @@
+// Pieces of mbo (src/search/strategies.cc) exposed for tests (internal).
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "kareus/search.h"
+
+namespace kareus {
+
+/// Weights of the measurements m against the cross-fitted predictions `pred` of one objective
+/// (see select_front): o.measurement_weight for every point, or with -1 the empirical-Bayes
+/// weight (v_i + tau^2) / (v_i + tau^2 + noise_rel^2), where v_i = model_var[i] and tau^2 =
+/// max(0, mean over `near_front` of ((log m - log pred)^2 - v) - noise_rel^2).
+std::vector<double> measurement_weights(const SearchOptions& o, const std::vector<double>& m,
+                                        const std::vector<double>& pred,
+                                        const std::vector<double>& model_var,
+                                        const std::vector<std::size_t>& near_front);
+
+/// The clock effect of mbo's additive model: the Whittaker smoother (Eilers 2003) of the
+/// per-clock residual sums `sums` over `counts` points, with `penalty` on squared second
+/// divided differences scaled by the squared mean clock step; freqs_mhz ascending.
+std::vector<double> whittaker_clock_effect(const std::vector<int>& freqs_mhz,
+                                           const std::vector<int>& counts,
+                                           const std::vector<double>& sums, double penalty);
+
+}  // namespace kareus
