@@ -15,7 +15,8 @@
 //          [--surrogate additive|trees] [--noise-rel X]
 //          [--initial-design random|lhs] [--initial-points N] [--batch-size N]
 //          [--measurement-weight W] [--smoothing-min-points N] [--stop-threshold X]
-//          [--stop-patience N] [--clock-smoothing X]
+//          [--stop-patience N] [--clock-smoothing X] [--exploration optimistic|spread]
+//          [--optimism K]
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <time.h>
@@ -125,6 +126,10 @@ int main(int argc, char** argv) {
       base.stop_threshold = std::stod(next());
     else if (a == "--clock-smoothing")
       base.clock_smoothing = std::stod(next());
+    else if (a == "--exploration")
+      base.exploration = next();
+    else if (a == "--optimism")
+      base.optimism = std::stod(next());
     else {
       fmt::print(stderr,
                  "usage: search_efficiency [--seeds N] [--threads N] [--filter S] [--json F] "
@@ -132,7 +137,8 @@ int main(int argc, char** argv) {
                  "[--surrogate additive|trees] [--noise-rel X] "
                  "[--initial-design random|lhs] [--initial-points N] [--batch-size N] "
                  "[--measurement-weight W] [--smoothing-min-points N] [--stop-threshold X] "
-                 "[--stop-patience N] [--clock-smoothing X]\n");
+                 "[--stop-patience N] [--clock-smoothing X] [--exploration optimistic|spread] "
+                 "[--optimism K]\n");
       return 2;
     }
   }

@@ -28,7 +28,13 @@ struct SearchOptions {
   double share_hvi_total = 0.4;    ///< HVI on (time, total energy)
   double share_hvi_dynamic = 0.2;  ///< HVI on (time, dynamic energy)
   double share_fastest = 0.2;      ///< lowest predicted time
-  double share_uncertain = 0.2;    ///< highest ensemble uncertainty
+  double share_uncertain = 0.2;    ///< the exploration pass (see `exploration`)
+  /// The exploration pass: "optimistic" (greedy HVI on predictions lowered by `optimism`
+  /// posterior s.d. of the (SMs, slot) effect, so a choice measured rarely or never is tried;
+  /// needs the additive surrogate, "trees" falls back to "spread") or "spread" (the highest
+  /// ensemble spread among candidates near the front, the default before).
+  std::string exploration = "optimistic";
+  double optimism = 1.0;
   /// "lhs" (Latin hypercube over clock, SMs and slot: with at least as many initial points as
   /// clocks, every clock is measured before the first refit) or "random" (the artifact's).
   std::string initial_design = "lhs";
