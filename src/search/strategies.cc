@@ -792,10 +792,6 @@ void fit_fold(const CrossFit& cf, std::size_t k, const std::vector<double>& v,
   }
 }
 
-}  // namespace
-
-namespace {
-
 // The points nearest the front of the equal-weight estimates (t + pt) / 2, (e + pe) / 2: the
 // quarter of them (at least 8) with the smallest normalized epsilon behind that front.
 std::vector<std::size_t> nearest_front(const std::vector<double>& t, const std::vector<double>& pt,
@@ -892,8 +888,8 @@ std::vector<std::size_t> select_front(const std::vector<SearchPoint>& points,
     fit_fold(cf, k, t, pt, true);
     fit_fold(cf, k, e, pe, false);
   }
-  // Variance of each prediction's additive part in units of s^2, from the number of other
-  // points at its clock and at its (SMs, slot) choice.
+  // Variance of each prediction's additive part: s^2 over the number of other points at its
+  // clock, plus the same at its (SMs, slot) choice.
   std::map<std::size_t, int> n_combo, n_clock;
   for (const auto& l : cf.lv) {
     ++n_combo[l.combo];
