@@ -174,12 +174,12 @@ class Planner {
  private:
   std::vector<InstructionOption> instruction_options(Method m, int stage, InstructionKind k,
                                                      bool per_instance);
-  /// `uniform`: the uniform tables of the same method, kept in per-instance tables (see
-  /// keep_uniform_options); null composes them again.
+  /// Null `uniform`: one option table per (stage, kind), the same for every layer. Otherwise
+  /// per-instance tables, each keeping the options of these uniform tables of the same method
+  /// (see keep_uniform_options).
   MethodFrontier frontier_with(
-      Method m, bool per_instance,
-      const std::vector<std::vector<InstructionOption>>* uniform = nullptr);
-  void compose_tables(MethodFrontier& mf, bool per_instance,
+      Method m, const std::vector<std::vector<InstructionOption>>* uniform = nullptr);
+  void compose_tables(MethodFrontier& mf,
                       const std::vector<std::vector<InstructionOption>>* uniform);
   void check_frontier_memory(const MethodFrontier& mf) const;
   MethodFrontier frontier_layers(Method m);  ///< uniform, or per-layer with the uniform points

@@ -272,7 +272,7 @@ static std::vector<int> map_uniform_choice(const MethodFrontier& uniform, const 
 
 MethodFrontier Planner::frontier_layers(Method m) {
   if (!o_.per_layer) {
-    MethodFrontier mf = frontier_with(m, false);
+    MethodFrontier mf = frontier_with(m);
     apply_clock_switch_cost(mf);
     return mf;
   }
@@ -281,8 +281,8 @@ MethodFrontier Planner::frontier_layers(Method m) {
   // (each node to the cheapest per-layer option no slower than its uniform choice), so the
   // per-layer frontier is never worse. With clock-switch stalls, the uniform frontier's
   // post-processed points are mapped at their own clocks, so they keep their stalls.
-  MethodFrontier uniform = frontier_with(m, false);
-  MethodFrontier mf = frontier_with(m, true, &uniform.tables);
+  MethodFrontier uniform = frontier_with(m);
+  MethodFrontier mf = frontier_with(m, &uniform.tables);
   for (const FrontierPoint& up : uniform.points) {
     FrontierPoint p;
     p.choice = map_uniform_choice(uniform, mf, up.choice, false);
@@ -326,7 +326,7 @@ static void keep_uniform_options(std::vector<InstructionOption>& table,
 
 // Instruction options of every (stage, kind), then the costs of messages and reductions: one
 // option each, at the maximum clock with NCCL's default CTAs.
-void Planner::compose_tables(MethodFrontier& mf, bool per_instance,
+void Planner::compose_tables(MethodFrontier& mf,
                              const std::vector<std::vector<InstructionOption>>* uniform) {
   const int pp = w_.parallel.pp;
   const std::size_t total = 2 * static_cast<std::size_t>(pp);
@@ -337,11 +337,8 @@ void Planner::compose_tables(MethodFrontier& mf, bool per_instance,
     for (InstructionKind k : {InstructionKind::kForward, InstructionKind::kBackward}) {
       const std::size_t t = 2 * static_cast<std::size_t>(s) + static_cast<std::size_t>(k);
       auto& table = mf.tables[t];
-      table = instruction_options(mf.method, s, k, per_instance);
-      if (per_instance) {
-        keep_uniform_options(table,
-                             uniform ? (*uniform)[t] : instruction_options(mf.method, s, k, false));
-      }
+      table = instruction_options(mf.method, s, k, uniform != nullptr);
+      if (uniform) keep_uniform_options(table, (*uniform)[t]);
       if (table.empty()) {
         throw InternalError(fmt::format("no option for {} on stage {}", to_string(k), s));
       }
@@ -462,7 +459,7 @@ void Planner::check_frontier_memory(const MethodFrontier& mf) const {
       m.options, m.solver_steps, o_.unit_s, o_.frontier_memory_mb));
 }
 
-MethodFrontier Planner::frontier_with(Method m, bool per_instance,
+MethodFrontier Planner::frontier_with(Method m,
                                       const std::vector<std::vector<InstructionOption>>* uniform) {
   MethodFrontier mf;
   mf.method = m;
@@ -472,7 +469,7 @@ MethodFrontier Planner::frontier_with(Method m, bool per_instance,
                      : ExecutionMode::kOverlapped;
   mf.dag.static_power_w = profiler_.backend().static_power_w();
   mf.dag.gpus = w_.cluster.gpus();
-  compose_tables(mf, per_instance, uniform);
+  compose_tables(mf, uniform);
   build_iteration_dag(w_, ps_, mf);
   check_frontier_memory(mf);
   FrontierOptions fo;

@@ -890,7 +890,7 @@ std::vector<std::size_t> select_front(const std::vector<SearchPoint>& points,
   }
   // Variance of each prediction's additive part: s^2 over the number of other points at its
   // clock, plus the same at its (SMs, slot) choice.
-  std::map<std::size_t, int> n_combo, n_clock;
+  std::vector<int> n_combo(space.sms.size() * space.slots.size()), n_clock(space.freqs_mhz.size());
   for (const auto& l : cf.lv) {
     ++n_combo[l.combo];
     ++n_clock[l.freq];
