@@ -114,6 +114,7 @@ class EmulatorProfiler : public Profiler {
   std::string fingerprint() const override;
   const GpuSpec& gpu() const override { return model_.gpu(); }
   double static_power_w() const override { return model_.gpu().static_power_w; }
+  std::optional<double> noise_rel() const override { return opt_.noise; }
   Measurement measure(const Partition& p, const PartitionConfig& c) override;
   Measurement measure_segment(const Segment& s, int freq_mhz) override;
   const EmulatorModel& model() const { return model_; }

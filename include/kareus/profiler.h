@@ -67,6 +67,9 @@ class Profiler {
   /// Set when the backend can only measure at one SM clock (a real GPU without clock control):
   /// callers restrict the search to this clock and say so.
   virtual std::optional<int> fixed_freq_mhz() const { return std::nullopt; }
+  /// Relative standard deviation of one measurement when the backend knows it (the emulator's
+  /// --noise); real measurements leave it to the search's assumption (SearchOptions::noise_rel).
+  virtual std::optional<double> noise_rel() const { return std::nullopt; }
   virtual Measurement measure(const Partition& p, const PartitionConfig& c) = 0;
   /// False when the backend has no way to produce this point (trace: not in the file), so
   /// that ask/tell profiling can ask for it instead of failing (CachedProfiler's ask mode).

@@ -63,9 +63,13 @@ struct SearchOptions {
   /// per point and objective, from noise_rel and the number of points behind the prediction
   /// (see select_front).
   double measurement_weight = -1;
-  /// Relative standard deviation of one measurement (its repeatability; the emulator's default
-  /// noise is 0.01), used by the automatic measurement weight.
-  double noise_rel = 0.01;
+  /// Relative standard deviation of one measurement (its repeatability), used by the automatic
+  /// measurement weight. -1: the profiling backend's (Profiler::noise_rel: the emulator's
+  /// --noise), or kDefaultNoiseRel where the backend does not know it (real GPUs, traces) and
+  /// in select_front / smoothed_estimates, which see no backend. With 0 the estimates are the
+  /// measurements.
+  double noise_rel = -1;
+  static constexpr double kDefaultNoiseRel = 0.01;
   EnsembleParams ensemble;
 };
 
@@ -86,9 +90,18 @@ struct SearchResult {
   /// Indices into points: the configurations the strategy recommends, a Pareto set on
   /// (time_s, energy_j) of its estimates (mbo: select_front; random, exhaustive: front()).
   std::vector<std::size_t> selected;
+  /// mbo with the smoothed selection: the estimated time and energy of every point (parallel to
+  /// points; see smoothed_estimates), what the planner composes. Empty otherwise: the
+  /// measurements are the estimates.
+  std::vector<Measurement> estimates;
+  /// The estimate of point i: estimates[i], or the measurement when there are none.
+  const Measurement& estimate(std::size_t i) const {
+    return estimates.empty() ? points[i].m : estimates[i];
+  }
   /// Indices into points: the Pareto set of the measurements on (time_s, energy_j).
   std::vector<std::size_t> front() const;
-  /// For every clock, indices of the Pareto-optimal points on (time_s, dynamic_energy_j).
+  /// For every clock, indices of the Pareto-optimal points on (time_s, dynamic_energy_j) of
+  /// their estimates.
   std::map<int, std::vector<std::size_t>> fronts_per_frequency() const;
 };
 
@@ -130,6 +143,15 @@ std::vector<std::string> search_strategy_names();
 /// configuration per clock, fall back to "measured". Deterministic given o.seed.
 std::vector<std::size_t> select_front(const std::vector<SearchPoint>& points,
                                       const SearchSpace& space, const SearchOptions& o);
+
+/// Estimated time and energy of every point (energy split into dynamic and static at the
+/// point's own static power), for planning: select_front's estimates with each clock's
+/// predictions recentred on the mean log residual of that clock's points, which removes the
+/// bias of the smoothed clock effect at kinks (power cap, voltage floor) without reordering
+/// the points of a clock. The measurements themselves wherever select_front falls back to
+/// "measured".
+std::vector<Measurement> smoothed_estimates(const std::vector<SearchPoint>& points,
+                                            const SearchSpace& space, const SearchOptions& o);
 
 /// Normalized hypervolume of measured points on (time_s, energy_j): objectives min-max scaled
 /// by `lo`/`hi`, reference point 1.1 in each scaled objective.

@@ -140,8 +140,8 @@ const std::vector<PartitionSearchSummary>& Planner::search_partitions() {
     PartitionFronts fronts;
     for (const auto& [f, idx] : r.fronts_per_frequency()) {
       for (std::size_t k : idx) {
-        const auto& pt = r.points[k];
-        fronts[f].push_back({pt.config, pt.m.time_s, pt.m.dynamic_energy_j});
+        const Measurement& m = r.estimate(k);
+        fronts[f].push_back({r.points[k].config, m.time_s, m.dynamic_energy_j});
       }
     }
     // Every clock needs at least one measured configuration: where the search left a clock

@@ -87,7 +87,7 @@ std::map<int, std::vector<std::size_t>> SearchResult::fronts_per_frequency() con
   for (std::size_t i = 0; i < points.size(); ++i) groups[points[i].config.freq_mhz].push_back(i);
   for (const auto& [f, idx] : groups) {
     std::vector<Point2> pts;
-    for (std::size_t i : idx) pts.push_back({points[i].m.time_s, points[i].m.dynamic_energy_j});
+    for (std::size_t i : idx) pts.push_back({estimate(i).time_s, estimate(i).dynamic_energy_j});
     for (std::size_t j : pareto_front(pts)) out[f].push_back(idx[j]);
   }
   return out;
@@ -358,6 +358,19 @@ class AdditiveModel {
 
 double safe_log(double v) { return std::log(std::max(v, 1e-300)); }
 
+// What select_front ranks (time_s, energy_j) and the values handed on (smoothed_estimates), one
+// of each per point.
+struct Estimates {
+  std::vector<Point2> ranking;
+  std::vector<Measurement> values;
+};
+Estimates estimate_points(const std::vector<SearchPoint>& points, const SearchSpace& space,
+                          const SearchOptions& o);
+
+double noise_rel_of(const SearchOptions& o) {
+  return o.noise_rel >= 0 ? o.noise_rel : SearchOptions::kDefaultNoiseRel;
+}
+
 // One batch of mbo: surrogates fitted on the measured points predict every unevaluated
 // candidate; then the passes (HVI on total and on dynamic energy, fastest, uncertain) pick.
 class BatchSelector {
@@ -574,8 +587,12 @@ class MboSearch : public SearchStrategy {
   std::string name() const override { return "mbo"; }
 
   SearchResult run(const Partition& part, const SearchSpace& space, CachedProfiler& prof,
-                   const SearchOptions& o, const SearchProgress& progress) override {
-    validate(o);
+                   const SearchOptions& options, const SearchProgress& progress) override {
+    validate(options);
+    SearchOptions o = options;
+    if (o.noise_rel < 0) {
+      o.noise_rel = prof.backend().noise_rel().value_or(SearchOptions::kDefaultNoiseRel);
+    }
     const std::size_t total = space.size();
     const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(o.budget), total);
     Recorder rec(part, space, prof, static_cast<int>(n), progress);
@@ -610,7 +627,13 @@ class MboSearch : public SearchStrategy {
       }
     }
     const auto t0 = std::chrono::steady_clock::now();
-    rec.result.selected = select_front(rec.result.points, space, o);
+    if (o.selection == "smoothed") {
+      Estimates est = estimate_points(rec.result.points, space, o);
+      rec.result.selected = pareto_front(est.ranking);
+      rec.result.estimates = std::move(est.values);
+    } else {
+      rec.result.selected = rec.result.front();
+    }
     rec.result.surrogate_seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return rec.result;
@@ -641,8 +664,8 @@ class MboSearch : public SearchStrategy {
       bad(fmt::format("--measurement-weight must be in [0, 1] or -1 (automatic), got {}",
                       o.measurement_weight));
     }
-    if (!(o.noise_rel >= 0 && o.noise_rel < 1)) {
-      bad(fmt::format("--noise-rel must be in [0, 1), got {}", o.noise_rel));
+    if (!(o.noise_rel >= 0 && o.noise_rel < 1) && o.noise_rel != -1) {
+      bad(fmt::format("--noise-rel must be in [0, 1) or -1 (the backend's), got {}", o.noise_rel));
     }
     if (o.stop_patience < 1) {
       bad(fmt::format("stop_patience must be >= 1, got {}", o.stop_patience));
@@ -840,7 +863,7 @@ std::vector<double> measurement_weights(const SearchOptions& o, const std::vecto
                                         const std::vector<double>& model_var,
                                         const std::vector<std::size_t>& near_front) {
   if (o.measurement_weight >= 0) return std::vector<double>(m.size(), o.measurement_weight);
-  const double s2 = o.noise_rel * o.noise_rel;
+  const double s2 = std::pow(noise_rel_of(o), 2);
   double r2 = 0, v = 0;
   for (std::size_t i : near_front) {
     r2 += std::pow(safe_log(m[i]) - safe_log(pred[i]), 2);
@@ -856,15 +879,19 @@ std::vector<double> measurement_weights(const SearchOptions& o, const std::vecto
   return w;
 }
 
-std::vector<std::size_t> select_front(const std::vector<SearchPoint>& points,
-                                      const SearchSpace& space, const SearchOptions& o) {
-  std::vector<Point2> measured;
-  measured.reserve(points.size());
-  for (const auto& p : points) measured.push_back({p.m.time_s, p.m.energy_j});
+namespace {
+
+Estimates estimate_points(const std::vector<SearchPoint>& points, const SearchSpace& space,
+                          const SearchOptions& o) {
+  Estimates out;
+  for (const auto& p : points) {
+    out.ranking.push_back({p.m.time_s, p.m.energy_j});
+    out.values.push_back(p.m);
+  }
   if (o.selection == "measured" ||
       points.size() < static_cast<std::size_t>(std::max(16, o.smoothing_min_points)) ||
       space.sms.size() * space.slots.size() < 2) {
-    return pareto_front(measured);
+    return out;
   }
   CrossFit cf{space, {}, std::vector<std::size_t>(points.size()), {}, o.seed, o.clock_smoothing};
   cf.x.rows = points.size();
@@ -896,7 +923,7 @@ std::vector<std::size_t> select_front(const std::vector<SearchPoint>& points,
     ++n_clock[l.freq];
   }
   std::vector<double> model_var(points.size());
-  const double s2 = o.noise_rel * o.noise_rel;
+  const double s2 = std::pow(noise_rel_of(o), 2);
   for (std::size_t i = 0; i < points.size(); ++i) {
     model_var[i] = s2 * (1.0 / std::max(1, n_combo[cf.lv[i].combo] - 1) +
                          1.0 / std::max(1, n_clock[cf.lv[i].freq] - 1));
@@ -904,12 +931,43 @@ std::vector<std::size_t> select_front(const std::vector<SearchPoint>& points,
   const auto near_front = nearest_front(t, pt, e, pe);
   const auto wt = measurement_weights(o, t, pt, model_var, near_front);
   const auto we = measurement_weights(o, e, pe, model_var, near_front);
-  std::vector<Point2> est;
-  est.reserve(points.size());
   for (std::size_t i = 0; i < points.size(); ++i) {
-    est.push_back({wt[i] * t[i] + (1 - wt[i]) * pt[i], we[i] * e[i] + (1 - we[i]) * pe[i]});
+    out.ranking[i] = {wt[i] * t[i] + (1 - wt[i]) * pt[i], we[i] * e[i] + (1 - we[i]) * pe[i]};
   }
-  return pareto_front(est);
+  // The values: each clock's predictions recentred on the mean log residual of all its points.
+  // The smoothed clock effect serves the ranking (adjacent clocks share their points, so which
+  // clock ends the front is not decided by a draw), but it rounds the kinks of the response to
+  // the clock (the power cap, the voltage floor): on the per-clock fronts of 4 paper workloads
+  // it put values up to 1.3% below the truth. The recentring is unbiased, and its noise is
+  // common to the points of a clock, so it does not reorder them.
+  const std::size_t nf = space.freqs_mhz.size();
+  std::vector<double> shift_t(nf), shift_e(nf);
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    shift_t[cf.lv[i].freq] += std::log(t[i] / pt[i]) / n_clock[cf.lv[i].freq];
+    shift_e[cf.lv[i].freq] += std::log(e[i] / pe[i]) / n_clock[cf.lv[i].freq];
+  }
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    const std::size_t f = cf.lv[i].freq;
+    // The measurement's static power splits the estimated energy (the static part is the
+    // backend's static power times the time).
+    const double static_w = t[i] > 0 ? points[i].m.static_energy_j / t[i] : 0.0;
+    out.values[i] =
+        make_measurement(wt[i] * t[i] + (1 - wt[i]) * pt[i] * std::exp(shift_t[f]),
+                         we[i] * e[i] + (1 - we[i]) * pe[i] * std::exp(shift_e[f]), static_w);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::size_t> select_front(const std::vector<SearchPoint>& points,
+                                      const SearchSpace& space, const SearchOptions& o) {
+  return pareto_front(estimate_points(points, space, o).ranking);
+}
+
+std::vector<Measurement> smoothed_estimates(const std::vector<SearchPoint>& points,
+                                            const SearchSpace& space, const SearchOptions& o) {
+  return estimate_points(points, space, o).values;
 }
 
 namespace {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -16,8 +17,12 @@ namespace kareus {
 namespace {
 
 // Issue 5's composition-error check: on every paper workload, the max-throughput and min-energy
-// plans replayed by the whole-iteration emulation agree with their predictions within 3%.
+// plans replayed by the whole-iteration emulation agree with their predictions within 3%, and
+// within 0.6% on average: the planner composes the search's estimates, not the measured Pareto
+// set of each clock, whose favourable draws put plans 0.9% below their replays on average.
 TEST(Plan, ReplayMatchesPredictionOnEveryPaperWorkload) {
+  double sum_dev = 0;
+  int n_dev = 0;
   for (const char* name : test::kPaperWorkloads) {
     const Workload w = load_workload(test::paper_workload(name));
     EmulatorProfiler prof(test::emulator_options(w.gpu_name));
@@ -36,8 +41,12 @@ TEST(Plan, ReplayMatchesPredictionOnEveryPaperWorkload) {
       EXPECT_NEAR(r.iteration_time_s / p.iteration_time_s, 1.0, 0.03)
           << name << " goal " << static_cast<int>(g);
       EXPECT_NEAR(r.energy_j / p.energy_j, 1.0, 0.03) << name << " goal " << static_cast<int>(g);
+      sum_dev += std::abs(r.iteration_time_s / p.iteration_time_s - 1.0) +
+                 std::abs(r.energy_j / p.energy_j - 1.0);
+      n_dev += 2;
     }
   }
+  EXPECT_LT(sum_dev / n_dev, 0.006) << "mean deviation " << sum_dev / n_dev;
 }
 
 TEST(Plan, PerseusFrontierMeetsCalibrationEnds) {

@@ -7,6 +7,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 
 #include "kareus/emulator.h"
 #include "kareus/error.h"
@@ -309,21 +310,85 @@ TEST(Search, FrontsPerFrequencyMatchBruteForce) {
   o.budget = 224;
   const auto r =
       create_search_strategy("mbo")->run(p, make_search_space(p, f.w.gpu()), f.cp, o, {});
+  ASSERT_EQ(r.estimates.size(), r.points.size());  // per clock on the estimates
   const auto fronts = r.fronts_per_frequency();
   for (std::size_t i = 0; i < r.points.size(); ++i) {
-    const auto& a = r.points[i];
+    const int f_mhz = r.points[i].config.freq_mhz;
+    const Measurement& a = r.estimates[i];
     bool dominated = false;
-    for (const auto& b : r.points) {
-      if (b.config.freq_mhz != a.config.freq_mhz) continue;
-      if (b.m.time_s <= a.m.time_s && b.m.dynamic_energy_j <= a.m.dynamic_energy_j &&
-          (b.m.time_s < a.m.time_s || b.m.dynamic_energy_j < a.m.dynamic_energy_j)) {
+    for (std::size_t k = 0; k < r.points.size(); ++k) {
+      const Measurement& b = r.estimates[k];
+      if (r.points[k].config.freq_mhz != f_mhz) continue;
+      if (b.time_s <= a.time_s && b.dynamic_energy_j <= a.dynamic_energy_j &&
+          (b.time_s < a.time_s || b.dynamic_energy_j < a.dynamic_energy_j)) {
         dominated = true;
       }
     }
-    const auto& fr = fronts.at(a.config.freq_mhz);
+    const auto& fr = fronts.at(f_mhz);
     const bool in = std::find(fr.begin(), fr.end(), i) != fr.end();
     EXPECT_EQ(in, !dominated) << i;
   }
+}
+
+// Two points at one clock: the per-clock front (what the planner composes) follows the estimates
+// when the strategy made them, the measurements otherwise.
+TEST(Search, FrontsPerFrequencyFollowTheEstimates) {
+  SearchResult r;
+  for (const auto& [sms, time_s, energy_j] :
+       {std::tuple{6, 1.00, 300.0}, std::tuple{9, 1.01, 303.0}}) {
+    SearchPoint pt;
+    pt.config.freq_mhz = 1410;
+    pt.config.sms = sms;
+    pt.config.slot = "linear";
+    pt.m = make_measurement(time_s, energy_j, 100);
+    r.points.push_back(pt);
+  }
+  EXPECT_EQ(r.fronts_per_frequency().at(1410), std::vector<std::size_t>{0});
+  r.estimates = {make_measurement(1.02, 306, 100), make_measurement(1.00, 300, 100)};
+  EXPECT_EQ(r.fronts_per_frequency().at(1410), std::vector<std::size_t>{1});
+  EXPECT_DOUBLE_EQ(r.estimate(1).time_s, 1.00);
+  EXPECT_DOUBLE_EQ(r.estimate(0).dynamic_energy_j, 306 - 102);
+}
+
+// mbo's estimates are what the planner composes: closer to the truth than the measurements of
+// the points it recommends (those are the lucky draws), with the energy split at the backend's
+// static power; without noise they are the measurements.
+TEST(Search, EstimatesAreCloserToTheTruthThanTheSelectedMeasurements) {
+  Fixture f;
+  const auto& p = f.ps.partition("bwd_mlp");
+  const auto space = make_search_space(p, f.w.gpu());
+  SearchOptions o;
+  const auto r = create_search_strategy("mbo")->run(p, space, f.cp, o, {});
+  ASSERT_EQ(r.estimates.size(), r.points.size());
+  EXPECT_EQ(r.selected, select_front(r.points, space, o));
+  EmulatorProfiler oracle{test::emulator_options(f.w.gpu_name, 0.0, 1)};
+  double err_est = 0, err_meas = 0;
+  for (std::size_t i : r.selected) {
+    const Measurement& e = r.estimates[i];
+    EXPECT_NEAR(e.static_energy_j, f.prof.static_power_w() * e.time_s, 1e-9 * e.energy_j);
+    EXPECT_NEAR(e.dynamic_energy_j + e.static_energy_j, e.energy_j, 1e-9 * e.energy_j);
+    const Measurement t = oracle.measure(p, r.points[i].config);
+    const Measurement& m = r.points[i].m;
+    err_est +=
+        std::abs(std::log(e.time_s / t.time_s)) + std::abs(std::log(e.energy_j / t.energy_j));
+    err_meas +=
+        std::abs(std::log(m.time_s / t.time_s)) + std::abs(std::log(m.energy_j / t.energy_j));
+  }
+  err_est /= static_cast<double>(r.selected.size());
+  err_meas /= static_cast<double>(r.selected.size());
+  EXPECT_LT(err_est, 0.6 * err_meas) << err_est << " vs " << err_meas;
+
+  // A noise-free backend: the automatic noise is 0, every weight 1, the estimates are the
+  // measurements and the recommendation is the measured front.
+  EmulatorProfiler exact{test::emulator_options(f.w.gpu_name, 0.0, 1)};
+  CachedProfiler cp{exact, nullptr};
+  const auto x = create_search_strategy("mbo")->run(p, space, cp, o, {});
+  ASSERT_EQ(x.estimates.size(), x.points.size());
+  for (std::size_t i = 0; i < x.points.size(); ++i) {
+    EXPECT_NEAR(x.estimates[i].time_s, x.points[i].m.time_s, 1e-12 * x.points[i].m.time_s);
+    EXPECT_NEAR(x.estimates[i].energy_j, x.points[i].m.energy_j, 1e-12 * x.points[i].m.energy_j);
+  }
+  EXPECT_EQ(x.selected, x.front());
 }
 
 TEST(Search, LatinHypercubeAndStoppingRule) {
@@ -413,7 +478,12 @@ TEST(Search, ResumesFromTheStore) {
     return a;
   };
   EXPECT_EQ(sorted(ja.at("measured_front")), sorted(brute));
-  for (const auto& fp : ja.at("front")) {
+  // mbo's recommended points carry the estimates they were chosen on.
+  for (auto fp : ja.at("front")) {
+    ASSERT_TRUE(fp.contains("estimate")) << fp.dump();
+    for (const char* k : {"time_s", "energy_j", "dynamic_energy_j"})
+      EXPECT_GT(fp.at("estimate").at(k).get<double>(), 0) << k;
+    fp.erase("estimate");
     EXPECT_NE(std::find(pts.begin(), pts.end(), fp), pts.end()) << fp.dump();
   }
 }

@@ -164,7 +164,16 @@ void register_search(CLI::App& app, Action& action) {
         j["points"] = nlohmann::json::array();
         for (const auto& pt : r.points) j["points"].push_back(search_point_json(pt));
         j["front"] = nlohmann::json::array();
-        for (std::size_t i : front) j["front"].push_back(search_point_json(r.points[i]));
+        for (std::size_t i : front) {
+          nlohmann::json pj = search_point_json(r.points[i]);
+          if (!r.estimates.empty()) {
+            const Measurement& e = r.estimates[i];
+            pj["estimate"] = {{"time_s", e.time_s},
+                              {"energy_j", e.energy_j},
+                              {"dynamic_energy_j", e.dynamic_energy_j}};
+          }
+          j["front"].push_back(pj);
+        }
         j["measured_front"] = nlohmann::json::array();
         for (std::size_t i : measured_front) {
           j["measured_front"].push_back(search_point_json(r.points[i]));
@@ -178,13 +187,29 @@ void register_search(CLI::App& app, Action& action) {
           "({} on the measured front)\n",
           p.key, r.evaluations, space.size(), r.strategy, r.resumed, front.size(),
           measured_front.size());
-      TextTable t({"freq MHz", "SMs", "slot", "time ms", "energy J", "dynamic J"});
+      // With mbo's smoothed selection the estimates (what the planner composes) come first.
+      const bool est = !r.estimates.empty();
+      std::vector<std::string> head = {"freq MHz", "SMs",      "slot",
+                                       "time ms",  "energy J", "dynamic J"};
+      if (est) {
+        head = {"freq MHz",       "SMs",         "slot",      "est. time ms", "est. energy J",
+                "est. dynamic J", "measured ms", "measured J"};
+      }
+      TextTable t(head);
       for (std::size_t i : front) {
         const auto& pt = r.points[i];
-        t.add_row({std::to_string(pt.config.freq_mhz), std::to_string(pt.config.sms),
-                   pt.config.slot, fmt::format("{:.4f}", 1e3 * pt.m.time_s),
-                   fmt::format("{:.4f}", pt.m.energy_j),
-                   fmt::format("{:.4f}", pt.m.dynamic_energy_j)});
+        const Measurement& e = r.estimate(i);
+        std::vector<std::string> row = {std::to_string(pt.config.freq_mhz),
+                                        std::to_string(pt.config.sms),
+                                        pt.config.slot,
+                                        fmt::format("{:.4f}", 1e3 * e.time_s),
+                                        fmt::format("{:.4f}", e.energy_j),
+                                        fmt::format("{:.4f}", e.dynamic_energy_j)};
+        if (est) {
+          row.push_back(fmt::format("{:.4f}", 1e3 * pt.m.time_s));
+          row.push_back(fmt::format("{:.4f}", pt.m.energy_j));
+        }
+        t.add_row(row);
       }
       std::cout << t.render();
       if (flags.backend == "emulator") std::cout << power_model_text(w.gpu());
