@@ -90,8 +90,8 @@ struct SearchResult {
   /// Indices into points: the configurations the strategy recommends, a Pareto set on
   /// (time_s, energy_j) of its estimates (mbo: select_front; random, exhaustive: front()).
   std::vector<std::size_t> selected;
-  /// mbo with the smoothed selection: the estimated time and energy of every point (parallel to
-  /// points; see smoothed_estimates), what the planner composes. Empty otherwise: the
+  /// mbo: the estimated time and energy of every point (parallel to points; see
+  /// smoothed_estimates), what the planner composes. Empty for the other strategies: the
   /// measurements are the estimates.
   std::vector<Measurement> estimates;
   /// The estimate of point i: estimates[i], or the measurement when there are none.

@@ -627,13 +627,9 @@ class MboSearch : public SearchStrategy {
       }
     }
     const auto t0 = std::chrono::steady_clock::now();
-    if (o.selection == "smoothed") {
-      Estimates est = estimate_points(rec.result.points, space, o);
-      rec.result.selected = pareto_front(est.ranking);
-      rec.result.estimates = std::move(est.values);
-    } else {
-      rec.result.selected = rec.result.front();
-    }
+    Estimates est = estimate_points(rec.result.points, space, o);
+    rec.result.selected = pareto_front(est.ranking);
+    rec.result.estimates = std::move(est.values);
     rec.result.surrogate_seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return rec.result;

@@ -189,12 +189,10 @@ void register_search(CLI::App& app, Action& action) {
           measured_front.size());
       // With mbo's smoothed selection the estimates (what the planner composes) come first.
       const bool est = !r.estimates.empty();
-      std::vector<std::string> head = {"freq MHz", "SMs",      "slot",
-                                       "time ms",  "energy J", "dynamic J"};
-      if (est) {
-        head = {"freq MHz",       "SMs",         "slot",      "est. time ms", "est. energy J",
-                "est. dynamic J", "measured ms", "measured J"};
-      }
+      const std::string prefix = est ? "est. " : "";
+      std::vector<std::string> head = {
+          "freq MHz", "SMs", "slot", prefix + "time ms", prefix + "energy J", prefix + "dynamic J"};
+      if (est) head.insert(head.end(), {"measured ms", "measured J"});
       TextTable t(head);
       for (std::size_t i : front) {
         const auto& pt = r.points[i];
