@@ -22,6 +22,12 @@ int run(int argc, char** argv) {
   app.add_option("--window-s", o.window_s, "measurement window (s)")->capture_default_str();
   app.add_option("--cooldown-s", o.cooldown_s, "cool-down after each point (s)")
       ->capture_default_str();
+  app.add_option("--repeats", o.repeats,
+                 "rounds over every point, interleaved; 2 or more add a repeatability table")
+      ->capture_default_str();
+  app.add_option("--sms", o.sms,
+                 "SM counts for the collective's proxy (default: NCCL's default CTAs)")
+      ->delimiter(',');
   app.add_option("--json", json_path, "also write the table as JSON here");
   try {
     app.parse(argc, argv);

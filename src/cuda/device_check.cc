@@ -7,7 +7,10 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <ostream>
+#include <utility>
+#include <vector>
 
 #include "cuda_profiler.h"
 #include "cudnn_sdpa.h"
@@ -61,65 +64,131 @@ std::string cross_check_attention(int device, nlohmann::json& j) {
   return text;
 }
 
-// Measures every partition at the card's clock, beside the emulator's prediction when the card
-// is in the catalogue; adds "partitions" to `j` and returns the table.
-TextTable measure_partitions(const PartitionSet& ps, CudaProfiler& prof, const DeviceInfo& dev,
-                             const std::string& mapped, int clock, nlohmann::json& j) {
+// Sample mean and coefficient of variation (s.d. with n - 1 over the mean) of `v`.
+std::pair<double, double> mean_cv(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  const double mean = sum / static_cast<double>(v.size());
+  if (v.size() < 2 || mean == 0) return {mean, 0.0};
+  double ss = 0;
+  for (double x : v) ss += (x - mean) * (x - mean);
+  return {mean, std::sqrt(ss / static_cast<double>(v.size() - 1)) / mean};
+}
+
+// Measures every partition at the card's clock for each SM count and round, beside the
+// emulator's prediction when the card is in the catalogue; adds "partitions" (one row per
+// measurement) and, with several rounds, "repeatability" to `j`; returns the tables.
+std::string measure_partitions(const PartitionSet& ps, CudaProfiler& prof, const DeviceInfo& dev,
+                               const std::string& mapped, int clock, const DeviceCheckOptions& o,
+                               nlohmann::json& j) {
   const EmulatorModel model(prof.gpu());
-  TextTable t({"partition", "time_s", "energy_j", "power_w", "clock_mhz min..max", "reasons",
-               "temp_c", "emulator time_s", "emulator energy_j", "stable"});
-  for (const Partition& p : ps.partitions) {
-    PartitionConfig c;
-    c.freq_mhz = clock;
-    c.sms = std::min(model.default_collective_sms(p.collective), dev.sm_count - 1);
-    c.slot = p.slots.at(0).name;
-    const Measurement m = prof.measure(p, c);
-    const ProtocolResult& r = prof.last_result();
-    nlohmann::json row = {
-        {"partition", p.key},
-        {"collective", "proxy"},
-        {"sms", c.sms},
-        {"slot", c.slot},
-        {"time_s", m.time_s},
-        {"energy_j", m.energy_j},
-        {"clock_mhz", r.clock_mhz},
-        {"clock_max_mhz", r.clock_max_mhz},
-        {"clock_event_reasons", nvml::ClockEventReasons{r.throttle_mask}.describe()},
-        {"temperature_before_c", r.temperature_before_c},
-        {"temperature_after_c", r.temperature_after_c},
-        {"iterations", r.iterations},
-        {"attempts", r.attempts},
-        {"stable", r.stable},
-        {"attention", sdpa::attention_path().backend()},
-        {"note", r.note}};
-    std::string pred_t = "-", pred_e = "-";
-    if (!mapped.empty()) {
-      const SimResult s = model.simulate_partition(p, c);
-      const double e = s.dynamic_energy_j + prof.gpu().static_power_w * s.time_s;
-      row["predicted_time_s"] = s.time_s;
-      row["predicted_energy_j"] = e;
-      pred_t = fmt::format("{:.5f}", s.time_s);
-      pred_e = fmt::format("{:.3f}", e);
+  TextTable t({"partition", "sms", "round", "time_s", "energy_j", "power_w", "clock_mhz min..max",
+               "reasons", "temp_c", "emulator time_s", "emulator energy_j", "stable"});
+  // (partition, SMs) -> the rounds' times, energies and lowest clocks, in first-seen order.
+  struct Point {
+    std::string partition;
+    int sms = 0;
+    std::vector<double> time_s, energy_j, clock_mhz;
+  };
+  std::vector<Point> points;
+  for (int round = 0; round < o.repeats; ++round) {
+    std::size_t k = 0;
+    for (const Partition& p : ps.partitions) {
+      std::vector<int> sms_list = o.sms;
+      if (sms_list.empty()) {
+        sms_list = {std::min(model.default_collective_sms(p.collective), dev.sm_count - 1)};
+      }
+      for (int sms : sms_list) {
+        PartitionConfig c;
+        c.freq_mhz = clock;
+        c.sms = sms;
+        c.slot = p.slots.at(0).name;
+        const Measurement m = prof.measure(p, c);
+        const ProtocolResult& r = prof.last_result();
+        if (round == 0) points.push_back({p.key, sms, {}, {}, {}});
+        Point& pt = points.at(k++);
+        pt.time_s.push_back(m.time_s);
+        pt.energy_j.push_back(m.energy_j);
+        pt.clock_mhz.push_back(r.clock_mhz);
+        nlohmann::json row = {
+            {"partition", p.key},
+            {"round", round},
+            {"collective", "proxy"},
+            {"sms", c.sms},
+            {"slot", c.slot},
+            {"time_s", m.time_s},
+            {"energy_j", m.energy_j},
+            {"clock_mhz", r.clock_mhz},
+            {"clock_max_mhz", r.clock_max_mhz},
+            {"clock_event_reasons", nvml::ClockEventReasons{r.throttle_mask}.describe()},
+            {"temperature_before_c", r.temperature_before_c},
+            {"temperature_after_c", r.temperature_after_c},
+            {"iterations", r.iterations},
+            {"attempts", r.attempts},
+            {"stable", r.stable},
+            {"attention", sdpa::attention_path().backend()},
+            {"note", r.note}};
+        std::string pred_t = "-", pred_e = "-";
+        if (!mapped.empty()) {
+          const SimResult s = model.simulate_partition(p, c);
+          const double e = s.dynamic_energy_j + prof.gpu().static_power_w * s.time_s;
+          row["predicted_time_s"] = s.time_s;
+          row["predicted_energy_j"] = e;
+          pred_t = fmt::format("{:.5f}", s.time_s);
+          pred_e = fmt::format("{:.3f}", e);
+        }
+        j["partitions"].push_back(row);
+        t.add_row({p.key, std::to_string(c.sms), std::to_string(round),
+                   fmt::format("{:.5f}", m.time_s), fmt::format("{:.3f}", m.energy_j),
+                   fmt::format("{:.0f}", m.energy_j / m.time_s),
+                   fmt::format("{}..{}", r.clock_mhz, r.clock_max_mhz),
+                   nvml::ClockEventReasons{r.throttle_mask}.describe(),
+                   fmt::format("{:.0f}->{:.0f}", r.temperature_before_c, r.temperature_after_c),
+                   pred_t, pred_e, r.stable ? (r.power_capped ? "capped" : "yes") : "no"});
+      }
     }
-    j["partitions"].push_back(row);
-    t.add_row({p.key, fmt::format("{:.5f}", m.time_s), fmt::format("{:.3f}", m.energy_j),
-               fmt::format("{:.0f}", m.energy_j / m.time_s),
-               fmt::format("{}..{}", r.clock_mhz, r.clock_max_mhz),
-               nvml::ClockEventReasons{r.throttle_mask}.describe(),
-               fmt::format("{:.0f}->{:.0f}", r.temperature_before_c, r.temperature_after_c), pred_t,
-               pred_e, r.stable ? (r.power_capped ? "capped" : "yes") : "no"});
   }
-  return t;
+  std::string text = t.render();
+  if (o.repeats < 2) return text;
+  TextTable rep({"partition", "sms", "rounds", "time_s mean", "time cv %", "energy_j mean",
+                 "energy cv %", "lowest clock_mhz mean"});
+  for (const Point& pt : points) {
+    const auto [tm, tcv] = mean_cv(pt.time_s);
+    const auto [em, ecv] = mean_cv(pt.energy_j);
+    const double clk = mean_cv(pt.clock_mhz).first;
+    j["repeatability"].push_back({{"partition", pt.partition},
+                                  {"sms", pt.sms},
+                                  {"rounds", pt.time_s.size()},
+                                  {"time_s_mean", tm},
+                                  {"time_cv", tcv},
+                                  {"energy_j_mean", em},
+                                  {"energy_cv", ecv},
+                                  {"clock_mhz_mean", clk}});
+    rep.add_row({pt.partition, std::to_string(pt.sms), std::to_string(pt.time_s.size()),
+                 fmt::format("{:.5f}", tm), fmt::format("{:.2f}", 100 * tcv),
+                 fmt::format("{:.3f}", em), fmt::format("{:.2f}", 100 * ecv),
+                 fmt::format("{:.0f}", clk)});
+  }
+  return text + "repeatability (coefficient of variation over the rounds):\n" + rep.render();
 }
 
 }  // namespace
 
 nlohmann::json run_device_check(const DeviceCheckOptions& o, std::ostream& table) {
+  if (o.repeats < 1) {
+    throw InvalidInput(fmt::format("--repeats: {} rounds; allowed: 1 or more", o.repeats));
+  }
   const Workload w = load_workload(o.workload);
   const PartitionSet ps = partition_workload(w);
   visible_device_count();  // NotSupported "no CUDA device visible" first, before anything else
   const DeviceInfo dev = device_info(o.device);
   const std::string mapped = catalogue_gpu_for_device(dev.name);
+  for (int sms : o.sms) {
+    if (sms < 1 || sms >= dev.sm_count) {
+      throw InvalidInput(fmt::format("--sms: {} SMs for the collective; allowed on {}: 1..{}", sms,
+                                     dev.name, dev.sm_count - 1));
+    }
+  }
 
   ProfilerOptions po;
   po.gpu = mapped.empty() ? w.gpu_name : mapped;
@@ -145,19 +214,20 @@ nlohmann::json run_device_check(const DeviceCheckOptions& o, std::ostream& table
       {"clock_mhz", clock},
       {"window_s", o.window_s},
       {"cooldown_s", o.cooldown_s},
+      {"rounds", o.repeats},
       {"nvml_access", "read-only"},
       {"collective", "proxy: device-to-device copy of the payload on the same CTAs"},
       {"attention", sdpa::attention_path().backend()},
       {"workload", o.workload},
       {"fingerprint", prof.fingerprint()}};
   const std::string attention_check = cross_check_attention(o.device, j);
-  TextTable t = measure_partitions(ps, prof, dev, mapped, clock, j);
+  const std::string tables = measure_partitions(ps, prof, dev, mapped, clock, o, j);
   table << fmt::format(
       "device check on {} (GPU {}, catalogue {}), clock {} MHz as found (read-only NVML), "
       "collective = copy proxy on NCCL's default CTAs, attention = {}\n",
       dev.name, o.device, mapped.empty() ? "none" : mapped, clock,
       sdpa::attention_path().backend());
-  table << t.render();
+  table << tables;
   table << attention_check;
   j["attention"] = sdpa::attention_path().backend();
   return j;

@@ -7,6 +7,7 @@
 #include <iosfwd>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace kareus::cuda {
 
@@ -15,6 +16,12 @@ struct DeviceCheckOptions {
   int device = 0;         ///< CUDA device index
   double window_s = 1.0;  ///< protocol window (short: this is a check, not a profile)
   double cooldown_s = 1.0;
+  /// Rounds over all (partition, SMs) points, interleaved so that drift (temperature, clock)
+  /// spreads over every point alike; more than one adds a repeatability table (mean and
+  /// coefficient of variation per point): the run-to-run noise that search has to live with.
+  int repeats = 1;
+  /// SM counts given to the collective's proxy; empty: NCCL's default CTA count per partition.
+  std::vector<int> sms;
 };
 
 /// Measures, prints a table to `table` and returns the same rows as JSON. Throws NotSupported
