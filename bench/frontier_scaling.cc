@@ -65,7 +65,9 @@ int main(int argc, char** argv) {
   std::filesystem::remove(db);
   kareus::ProfileStore store(db);
   auto run = [&](const kareus::Workload& w, double u) {
-    kareus::EmulatorProfiler prof({w.gpu_name, 0.01, 1, 0, ""});
+    kareus::ProfilerOptions po;
+    po.gpu = w.gpu_name;
+    kareus::EmulatorProfiler prof(po);
     kareus::CachedProfiler cp(prof, &store);
     kareus::PlannerOptions o;
     o.unit_s = u;

@@ -114,7 +114,7 @@ class EmulatorProfiler : public Profiler {
   std::string fingerprint() const override;
   const GpuSpec& gpu() const override { return model_.gpu(); }
   double static_power_w() const override { return model_.gpu().static_power_w; }
-  std::optional<double> noise_rel() const override { return opt_.noise; }
+  std::optional<NoiseRel> noise_rel() const override { return noise_; }
   Measurement measure(const Partition& p, const PartitionConfig& c) override;
   Measurement measure_segment(const Segment& s, int freq_mhz) override;
   const EmulatorModel& model() const { return model_; }
@@ -123,6 +123,7 @@ class EmulatorProfiler : public Profiler {
   Measurement finish(double time_s, double dyn_j, const std::string& noise_key);
   EmulatorModel model_;
   ProfilerOptions opt_;
+  NoiseRel noise_;  ///< resolved: time_noise -1 is kTimeNoiseShare x noise
 };
 
 // ---- Whole-iteration simulation.

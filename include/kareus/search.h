@@ -63,13 +63,15 @@ struct SearchOptions {
   /// per point and objective, from noise_rel and the number of points behind the prediction
   /// (see select_front).
   double measurement_weight = -1;
-  /// Relative standard deviation of one measurement (its repeatability), used by the automatic
-  /// measurement weight. -1: the profiling backend's (Profiler::noise_rel: the emulator's
-  /// --noise), or kDefaultNoiseRel where the backend does not know it (real GPUs, traces) and
-  /// in select_front / smoothed_estimates, which see no backend. With 0 the estimates are the
-  /// measurements.
+  /// Repeatability of one measurement (relative standard deviation of a measured energy), used
+  /// by the automatic measurement weight. -1: the profiling backend's (Profiler::noise_rel: the
+  /// emulator's --noise), or kMeasuredNoiseRel (an H200's) where the backend does not know it
+  /// (real GPUs, traces) and in select_front / smoothed_estimates, which see no backend. With 0
+  /// the estimates are the measurements.
   double noise_rel = -1;
-  static constexpr double kDefaultNoiseRel = 0.01;
+  /// The same for a measured time. -1: the backend's (the emulator's --time-noise), or
+  /// kTimeNoiseShare x noise_rel when noise_rel is given, else kMeasuredNoiseRel's.
+  double time_noise_rel = -1;
   EnsembleParams ensemble;
 };
 

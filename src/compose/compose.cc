@@ -108,27 +108,39 @@ std::vector<InstructionOption> compose_instruction(
       std::vector<InstructionOption> next;
       if (o.per_instance && front.size() > 1) {
         const auto sums = multiset_front(front, n);
-        next.reserve(partial.size() * sums.size());
+        // Filter the (partial, multiset) pairs on their sums first and build options only for
+        // the survivors: with deep stages and several options per clock the pairs run to tens
+        // of millions, and an option carries maps (24 GB on Qwen3 1.7B TP8 per-layer, where the
+        // survivors are a few thousand).
+        std::vector<Point2> sum_pts;
+        sum_pts.reserve(partial.size() * sums.size());
         for (const auto& p : partial) {
           for (const auto& m : sums) {
-            InstructionOption q = p;
-            q.time_s += m.time_s;
-            q.dynamic_energy_j += m.energy_j;
-            std::vector<ConfigShare> shares;
-            std::size_t most = 0;
-            for (std::size_t j = 0; j < front.size(); ++j) {
-              if (m.counts[j] == 0) continue;
-              PartitionConfig c = front[j].config;
-              c.freq_mhz = f;
-              shares.push_back({c, m.counts[j]});
-              if (m.counts[j] > m.counts[most]) most = j;
-            }
-            PartitionConfig main = front[most].config;
-            main.freq_mhz = f;
-            q.partitions[key] = main;
-            if (shares.size() > 1) q.mixes[key] = std::move(shares);
-            next.push_back(std::move(q));
+            sum_pts.push_back({p.time_s + m.time_s, p.dynamic_energy_j + m.energy_j});
           }
+        }
+        const std::vector<std::size_t> kept = pareto_front(sum_pts);
+        next.reserve(kept.size());
+        for (std::size_t pair : kept) {
+          const InstructionOption& p = partial[pair / sums.size()];
+          const Multiset& m = sums[pair % sums.size()];
+          InstructionOption q = p;
+          q.time_s += m.time_s;
+          q.dynamic_energy_j += m.energy_j;
+          std::vector<ConfigShare> shares;
+          std::size_t most = 0;
+          for (std::size_t j = 0; j < front.size(); ++j) {
+            if (m.counts[j] == 0) continue;
+            PartitionConfig c = front[j].config;
+            c.freq_mhz = f;
+            shares.push_back({c, m.counts[j]});
+            if (m.counts[j] > m.counts[most]) most = j;
+          }
+          PartitionConfig main = front[most].config;
+          main.freq_mhz = f;
+          q.partitions[key] = main;
+          if (shares.size() > 1) q.mixes[key] = std::move(shares);
+          next.push_back(std::move(q));
         }
       } else {
         next.reserve(partial.size() * front.size());

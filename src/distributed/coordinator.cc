@@ -87,6 +87,7 @@ std::unique_ptr<RemoteProfiler> Coordinator::open_backend(const std::string& nam
                       {"options",
                        {{"gpu", o.gpu},
                         {"noise", o.noise},
+                        {"time_noise", o.time_noise},
                         {"seed", o.seed},
                         {"delay_ms", o.delay_ms},
                         {"trace_path", o.trace_path},

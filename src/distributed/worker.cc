@@ -30,6 +30,7 @@ ProfilerOptions options_from(const json& j) {
   ProfilerOptions o;
   o.gpu = j.at("gpu").get<std::string>();
   o.noise = j.at("noise").get<double>();
+  o.time_noise = j.at("time_noise").get<double>();
   o.seed = j.at("seed").get<std::uint64_t>();
   o.delay_ms = j.at("delay_ms").get<int>();
   o.trace_path = j.at("trace_path").get<std::string>();

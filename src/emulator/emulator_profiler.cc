@@ -35,9 +35,15 @@ std::pair<double, double> normals(std::uint64_t seed, const std::string& key) {
 }  // namespace
 
 EmulatorProfiler::EmulatorProfiler(const ProfilerOptions& o, EmulatorParams params)
-    : model_(gpu_by_name(o.gpu), params), opt_(o) {
-  if (o.noise < 0 || o.noise > 0.5) {
+    : model_(gpu_by_name(o.gpu), params),
+      opt_(o),
+      noise_{o.time_noise == -1 ? kTimeNoiseShare * o.noise : o.time_noise, o.noise} {
+  if (!(o.noise >= 0 && o.noise <= 0.5)) {
     throw InvalidInput(fmt::format("--noise must be in [0, 0.5], got {}", o.noise));
+  }
+  if (!(o.time_noise >= 0 && o.time_noise <= 0.5) && o.time_noise != -1) {
+    throw InvalidInput(fmt::format("--time-noise must be in [0, 0.5] or -1 ({} x --noise), got {}",
+                                   kTimeNoiseShare, o.time_noise));
   }
   if (o.delay_ms < 0) {
     throw InvalidInput(
@@ -46,18 +52,18 @@ EmulatorProfiler::EmulatorProfiler(const ProfilerOptions& o, EmulatorParams para
 }
 
 std::string EmulatorProfiler::fingerprint() const {
-  return fmt::format("emulator:{:016x}:noise={}:seed={}", fnv1a(model_.params().to_string()),
-                     opt_.noise, opt_.seed);
+  return fmt::format("emulator:{:016x}:noise={}:time_noise={}:seed={}",
+                     fnv1a(model_.params().to_string()), noise_.energy, noise_.time, opt_.seed);
 }
 
 Measurement EmulatorProfiler::finish(double time_s, double dyn_j, const std::string& noise_key) {
   if (opt_.delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(opt_.delay_ms));
   const double ps = model_.gpu().static_power_w;
   double energy = dyn_j + ps * time_s;
-  if (opt_.noise > 0) {
+  if (noise_.time > 0 || noise_.energy > 0) {
     const auto [z1, z2] = normals(opt_.seed, noise_key);
-    time_s *= std::max(0.5, 1.0 + opt_.noise * z1);
-    energy *= std::max(0.5, 1.0 + opt_.noise * z2);
+    time_s *= std::max(0.5, 1.0 + noise_.time * z1);
+    energy *= std::max(0.5, 1.0 + noise_.energy * z2);
   }
   return make_measurement(time_s, energy, ps);
 }

@@ -12,7 +12,8 @@ namespace kareus {
 /// (see select_front): o.measurement_weight for every point, or with -1 the empirical-Bayes
 /// weight (v_i + tau^2) / (v_i + tau^2 + noise_rel^2), where v_i = model_var[i] and tau^2 =
 /// max(0, mean over `near_front` of ((log m - log pred)^2 - v) - noise_rel^2).
-std::vector<double> measurement_weights(const SearchOptions& o, const std::vector<double>& m,
+std::vector<double> measurement_weights(const SearchOptions& o, double noise_rel,
+                                        const std::vector<double>& m,
                                         const std::vector<double>& pred,
                                         const std::vector<double>& model_var,
                                         const std::vector<std::size_t>& near_front);

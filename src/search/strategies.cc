@@ -367,8 +367,12 @@ struct Estimates {
 Estimates estimate_points(const std::vector<SearchPoint>& points, const SearchSpace& space,
                           const SearchOptions& o);
 
-double noise_rel_of(const SearchOptions& o) {
-  return o.noise_rel >= 0 ? o.noise_rel : SearchOptions::kDefaultNoiseRel;
+NoiseRel noise_rel_of(const SearchOptions& o) {
+  const double energy = o.noise_rel >= 0 ? o.noise_rel : kMeasuredNoiseRel.energy;
+  const double time = o.time_noise_rel >= 0 ? o.time_noise_rel
+                      : o.noise_rel >= 0    ? kTimeNoiseShare * o.noise_rel
+                                            : kMeasuredNoiseRel.time;
+  return {time, energy};
 }
 
 // One batch of mbo: surrogates fitted on the measured points predict every unevaluated
@@ -591,7 +595,9 @@ class MboSearch : public SearchStrategy {
     validate(options);
     SearchOptions o = options;
     if (o.noise_rel < 0) {
-      o.noise_rel = prof.backend().noise_rel().value_or(SearchOptions::kDefaultNoiseRel);
+      const NoiseRel backend = prof.backend().noise_rel().value_or(kMeasuredNoiseRel);
+      o.noise_rel = backend.energy;
+      if (o.time_noise_rel < 0) o.time_noise_rel = backend.time;
     }
     const std::size_t total = space.size();
     const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(o.budget), total);
@@ -662,6 +668,10 @@ class MboSearch : public SearchStrategy {
     }
     if (!(o.noise_rel >= 0 && o.noise_rel < 1) && o.noise_rel != -1) {
       bad(fmt::format("--noise-rel must be in [0, 1) or -1 (the backend's), got {}", o.noise_rel));
+    }
+    if (!(o.time_noise_rel >= 0 && o.time_noise_rel < 1) && o.time_noise_rel != -1) {
+      bad(fmt::format("--time-noise-rel must be in [0, 1) or -1 (the backend's), got {}",
+                      o.time_noise_rel));
     }
     if (o.stop_patience < 1) {
       bad(fmt::format("stop_patience must be >= 1, got {}", o.stop_patience));
@@ -854,12 +864,13 @@ std::vector<std::size_t> nearest_front(const std::vector<double>& t, const std::
 // nearest the front of the w = 0.5 estimates, at least 8), since the model's misfit far behind
 // it (the slowest SM counts) says nothing about the near-ties the selection has to break:
 // tau^2 = max(0, mean (log m - log p)^2 - s^2 - mean v) over those points.
-std::vector<double> measurement_weights(const SearchOptions& o, const std::vector<double>& m,
+std::vector<double> measurement_weights(const SearchOptions& o, double noise_rel,
+                                        const std::vector<double>& m,
                                         const std::vector<double>& pred,
                                         const std::vector<double>& model_var,
                                         const std::vector<std::size_t>& near_front) {
   if (o.measurement_weight >= 0) return std::vector<double>(m.size(), o.measurement_weight);
-  const double s2 = std::pow(noise_rel_of(o), 2);
+  const double s2 = noise_rel * noise_rel;
   double r2 = 0, v = 0;
   for (std::size_t i : near_front) {
     r2 += std::pow(safe_log(m[i]) - safe_log(pred[i]), 2);
@@ -912,21 +923,24 @@ Estimates estimate_points(const std::vector<SearchPoint>& points, const SearchSp
     fit_fold(cf, k, e, pe, false);
   }
   // Variance of each prediction's additive part: s^2 over the number of other points at its
-  // clock, plus the same at its (SMs, slot) choice.
+  // clock, plus the same at its (SMs, slot) choice; s is each objective's own noise (a time
+  // repeats about ten times better than an energy).
   std::vector<int> n_combo(space.sms.size() * space.slots.size()), n_clock(space.freqs_mhz.size());
   for (const auto& l : cf.lv) {
     ++n_combo[l.combo];
     ++n_clock[l.freq];
   }
-  std::vector<double> model_var(points.size());
-  const double s2 = std::pow(noise_rel_of(o), 2);
+  const NoiseRel noise = noise_rel_of(o);
+  std::vector<double> var_t(points.size()), var_e(points.size());
   for (std::size_t i = 0; i < points.size(); ++i) {
-    model_var[i] = s2 * (1.0 / std::max(1, n_combo[cf.lv[i].combo] - 1) +
-                         1.0 / std::max(1, n_clock[cf.lv[i].freq] - 1));
+    const double share = 1.0 / std::max(1, n_combo[cf.lv[i].combo] - 1) +
+                         1.0 / std::max(1, n_clock[cf.lv[i].freq] - 1);
+    var_t[i] = noise.time * noise.time * share;
+    var_e[i] = noise.energy * noise.energy * share;
   }
   const auto near_front = nearest_front(t, pt, e, pe);
-  const auto wt = measurement_weights(o, t, pt, model_var, near_front);
-  const auto we = measurement_weights(o, e, pe, model_var, near_front);
+  const auto wt = measurement_weights(o, noise.time, t, pt, var_t, near_front);
+  const auto we = measurement_weights(o, noise.energy, e, pe, var_e, near_front);
   for (std::size_t i = 0; i < points.size(); ++i) {
     out.ranking[i] = {wt[i] * t[i] + (1 - wt[i]) * pt[i], we[i] * e[i] + (1 - we[i]) * pe[i]};
   }

@@ -133,7 +133,7 @@ TEST(Emulator, VoltageCurveHasFloor) {
 
 TEST(EmulatorProfiler, StaticEnergyIsStaticPowerTimesTime) {
   const auto w = load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096"));
-  EmulatorProfiler prof({w.gpu_name, 0.01, 7, 0, ""});
+  EmulatorProfiler prof(test::emulator_options(w.gpu_name, 0.01, 7));
   for (const auto& p : partition_workload(w).partitions) {
     const auto m = prof.measure(p, {1200, 9, p.slots.back().name});
     EXPECT_DOUBLE_EQ(m.static_energy_j, 85.0 * m.time_s);
@@ -145,32 +145,54 @@ TEST(EmulatorProfiler, NoiseIsSeededAndSized) {
   const auto w = load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096"));
   const auto ps = partition_workload(w);
   const auto& p = ps.partition("fwd_mlp");
-  EmulatorProfiler exact({w.gpu_name, 0.0, 1, 0, ""});
-  EmulatorProfiler a({w.gpu_name, 0.01, 1, 0, ""}), b({w.gpu_name, 0.01, 1, 0, ""}),
-      c({w.gpu_name, 0.01, 2, 0, ""});
+  EmulatorProfiler exact(test::emulator_options(w.gpu_name, 0.0, 1));
+  EmulatorProfiler a(test::emulator_options(w.gpu_name, 0.01, 1)),
+      b(test::emulator_options(w.gpu_name, 0.01, 1)),
+      c(test::emulator_options(w.gpu_name, 0.01, 2));
   const EmulatorModel model(w.gpu());
   const auto e = exact.measure(p, {1410, 12, "norm"});
   EXPECT_DOUBLE_EQ(e.time_s, model.simulate_partition(p, {1410, 12, "norm"}).time_s);
   EXPECT_EQ(a.measure(p, {1410, 12, "norm"}).time_s, b.measure(p, {1410, 12, "norm"}).time_s);
   EXPECT_NE(a.measure(p, {1410, 12, "norm"}).time_s, c.measure(p, {1410, 12, "norm"}).time_s);
   EXPECT_NE(a.fingerprint(), c.fingerprint());
-  // Relative deviations over the whole space have a standard deviation near 1%.
-  double sum = 0, sum2 = 0;
-  int n = 0;
-  for (const auto& cfg : make_search_space(p, w.gpu()).configs()) {
-    const double d = a.measure(p, cfg).time_s / exact.measure(p, cfg).time_s - 1.0;
-    sum += d;
-    sum2 += d * d;
-    ++n;
+  // Relative deviations over the whole space (540 points): energy's standard deviation near
+  // --noise, time's near kTimeNoiseShare x --noise (an H200's repeatability), or --time-noise
+  // when given; the means near 0.
+  auto sd_mean = [&](EmulatorProfiler& prof, bool time) {
+    double sum = 0, sum2 = 0;
+    int n = 0;
+    for (const auto& cfg : make_search_space(p, w.gpu()).configs()) {
+      const Measurement m = prof.measure(p, cfg), x = exact.measure(p, cfg);
+      const double d = time ? m.time_s / x.time_s - 1.0 : m.energy_j / x.energy_j - 1.0;
+      sum += d;
+      sum2 += d * d;
+      ++n;
+    }
+    return std::pair{std::sqrt(sum2 / n - (sum / n) * (sum / n)), sum / n};
+  };
+  ASSERT_EQ(kTimeNoiseShare, 0.1);
+  auto [sd_e, mean_e] = sd_mean(a, false);
+  EXPECT_NEAR(sd_e, 0.01, 0.002);
+  EXPECT_NEAR(mean_e, 0.0, 0.002);
+  auto [sd_t, mean_t] = sd_mean(a, true);
+  EXPECT_NEAR(sd_t, 0.001, 0.0002);
+  EXPECT_NEAR(mean_t, 0.0, 0.0002);
+  EXPECT_EQ(a.noise_rel(), (NoiseRel{0.001, 0.01}));
+  auto o = test::emulator_options(w.gpu_name, 0.01, 1);
+  o.time_noise = 0.02;
+  EmulatorProfiler d(o);
+  EXPECT_NEAR(sd_mean(d, true).first, 0.02, 0.004);
+  EXPECT_NEAR(sd_mean(d, false).first, sd_e, 1e-12);  // the energy draws do not change
+  EXPECT_NE(d.fingerprint(), a.fingerprint());
+  for (double bad : {-0.5, 0.6, std::nan("")}) {
+    o.time_noise = bad;
+    EXPECT_THROW(EmulatorProfiler{o}, InvalidInput) << bad;
   }
-  const double sd = std::sqrt(sum2 / n - (sum / n) * (sum / n));
-  EXPECT_NEAR(sd, 0.01, 0.002);
-  EXPECT_NEAR(sum / n, 0.0, 0.002);
 }
 
 TEST(ProfilerRegistry, UnknownNameListsBackends) {
   try {
-    create_profiler("cuda-magic", {"a100-sxm4-40gb", 0, 1, 0, ""});
+    create_profiler("cuda-magic", test::emulator_options("a100-sxm4-40gb", 0));
     FAIL();
   } catch (const InvalidInput& e) {
     const std::string msg = e.what();

@@ -24,7 +24,8 @@ struct ProfilingFlags {
   std::string backend = "emulator";
   std::string db;
   std::string trace;
-  double noise = 0.01;
+  double noise = kMeasuredNoiseRel.energy;
+  double time_noise = -1;
   std::uint64_t seed = 1;
   int delay_ms = 0;
   // Real GPUs (--backend cuda, docs/cuda.md).
@@ -43,9 +44,15 @@ inline void add_profiling_flags(CLI::App* cmd, ProfilingFlags& f) {
       ->capture_default_str();
   cmd->add_option("--db", f.db, "profile store (SQLite); reused and extended across runs");
   cmd->add_option("--trace", f.trace, "CSV of measurements for --backend trace");
-  cmd->add_option("--noise", f.noise, "emulator measurement noise (relative std. dev.)")
+  cmd->add_option("--noise", f.noise,
+                  "emulator: noise of a measured energy (relative std. dev.; an H200 repeats to "
+                  "about 1%); 0: exact")
       ->capture_default_str()
       ->check(finite_in(0, false, 1, "relative standard deviation"));
+  cmd->add_option("--time-noise", f.time_noise,
+                  "emulator: noise of a measured time (an H200 repeats to about 0.1%); -1: 0.1 x "
+                  "--noise")
+      ->capture_default_str();
   cmd->add_option("--noise-seed", f.seed, "emulator noise seed")->capture_default_str();
   cmd->add_option("--emulate-profiling-delay-ms", f.delay_ms,
                   "wall time each emulated measurement takes, as real profiling would")
@@ -88,6 +95,7 @@ inline ProfilingSession open_profiling(const ProfilingFlags& f, const Workload& 
   ProfilerOptions o;
   o.gpu = w.gpu_name;
   o.noise = f.noise;
+  o.time_noise = f.time_noise;
   o.seed = f.seed;
   o.delay_ms = f.delay_ms;
   o.trace_path = f.trace;
