@@ -393,6 +393,46 @@ TEST(Search, EstimatesAreCloserToTheTruthThanTheSelectedMeasurements) {
   EXPECT_EQ(x.selected, x.front());
 }
 
+// Each objective is smoothed by its own noise: with exact times and 1% energy noise the time
+// estimates are the measured times (weight 1), the energies are not; and the resolution of the
+// options: the backend's noise for both, or kTimeNoiseShare x an explicit noise_rel.
+TEST(Search, EachObjectiveIsSmoothedByItsOwnNoise) {
+  Fixture f;
+  const auto& p = f.ps.partition("bwd_mlp");
+  const auto space = make_search_space(p, f.w.gpu());
+  auto po = test::emulator_options(f.w.gpu_name, 0.01, 1);
+  po.time_noise = 0;
+  EmulatorProfiler exact_time{po};
+  CachedProfiler cp{exact_time, nullptr};
+  ASSERT_EQ(exact_time.noise_rel(), (NoiseRel{0.0, 0.01}));
+  SearchOptions o;
+  const auto r = create_search_strategy("mbo")->run(p, space, cp, o, {});
+  ASSERT_EQ(r.estimates.size(), r.points.size());
+  std::size_t energy_moved = 0;
+  for (std::size_t i = 0; i < r.points.size(); ++i) {
+    EXPECT_NEAR(r.estimates[i].time_s, r.points[i].m.time_s, 1e-12 * r.points[i].m.time_s);
+    energy_moved += std::abs(r.estimates[i].energy_j / r.points[i].m.energy_j - 1) > 1e-4;
+  }
+  EXPECT_GT(energy_moved, r.points.size() / 2);
+  // Without a backend: the same estimates from noise_rel 0.01 and time_noise_rel 0; noise_rel
+  // 0.01 alone puts 0.1% on time, so the times move too.
+  SearchOptions given;
+  given.noise_rel = 0.01;
+  given.time_noise_rel = 0;
+  const auto same = smoothed_estimates(r.points, space, given);
+  for (std::size_t i = 0; i < r.points.size(); ++i) {
+    EXPECT_EQ(same[i].time_s, r.estimates[i].time_s);
+    EXPECT_EQ(same[i].energy_j, r.estimates[i].energy_j);
+  }
+  given.time_noise_rel = -1;
+  const auto shared = smoothed_estimates(r.points, space, given);
+  std::size_t time_moved = 0;
+  for (std::size_t i = 0; i < r.points.size(); ++i) {
+    time_moved += shared[i].time_s != r.points[i].m.time_s;
+  }
+  EXPECT_GT(time_moved, 0u);
+}
+
 TEST(Search, LatinHypercubeAndStoppingRule) {
   Fixture f;
   const auto& p = f.ps.partition("fwd_attn");
