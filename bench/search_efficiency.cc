@@ -163,7 +163,7 @@ int main(int argc, char** argv) {
     }
   }
   // The prefixes' selections below see no backend: give them the noise the runs resolve to.
-  if (time_noise < 0) time_noise = kareus::kTimeNoiseShare * noise;
+  if (time_noise < 0) time_noise = kareus::noise_with_time_share(noise).time;
   if (base.noise_rel < 0) base.noise_rel = noise;
   if (base.time_noise_rel < 0) base.time_noise_rel = time_noise;
   for (int b : kBudgets) {

@@ -37,7 +37,7 @@ std::pair<double, double> normals(std::uint64_t seed, const std::string& key) {
 EmulatorProfiler::EmulatorProfiler(const ProfilerOptions& o, EmulatorParams params)
     : model_(gpu_by_name(o.gpu), params),
       opt_(o),
-      noise_{o.time_noise == -1 ? kTimeNoiseShare * o.noise : o.time_noise, o.noise} {
+      noise_(noise_with_time_share(o.noise, o.time_noise)) {
   if (!(o.noise >= 0 && o.noise <= 0.5)) {
     throw InvalidInput(fmt::format("--noise must be in [0, 0.5], got {}", o.noise));
   }

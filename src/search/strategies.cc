@@ -368,11 +368,9 @@ Estimates estimate_points(const std::vector<SearchPoint>& points, const SearchSp
                           const SearchOptions& o);
 
 NoiseRel noise_rel_of(const SearchOptions& o) {
-  const double energy = o.noise_rel >= 0 ? o.noise_rel : kMeasuredNoiseRel.energy;
-  const double time = o.time_noise_rel >= 0 ? o.time_noise_rel
-                      : o.noise_rel >= 0    ? kTimeNoiseShare * o.noise_rel
-                                            : kMeasuredNoiseRel.time;
-  return {time, energy};
+  if (o.noise_rel >= 0) return noise_with_time_share(o.noise_rel, o.time_noise_rel);
+  return {o.time_noise_rel >= 0 ? o.time_noise_rel : kMeasuredNoiseRel.time,
+          kMeasuredNoiseRel.energy};
 }
 
 // One batch of mbo: surrogates fitted on the measured points predict every unevaluated
