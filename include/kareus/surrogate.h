@@ -24,6 +24,9 @@ struct XgbParams {
   double colsample_bytree = 0.8;
   int rounds = 100;
   double min_child_weight = 1;  ///< XGBoost's default; larger values smooth noisy targets
+  /// XGBoost's lambda: L2 penalty on leaf weights, a pseudo-count of zero-residual points in
+  /// every leaf (1 is XGBoost's default).
+  double reg_lambda = 1;
   /// XGBoost's monotone_constraints, e.g. "(-1,0,0)": -1 makes the prediction non-increasing
   /// in that feature. Empty: none.
   std::string monotone_constraints;

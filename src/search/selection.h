@@ -18,6 +18,11 @@ std::vector<double> measurement_weights(const SearchOptions& o, double noise_rel
                                         const std::vector<double>& model_var,
                                         const std::vector<std::size_t>& near_front);
 
+/// XGBoost's lambda for the selection's residual trees of one objective: the empirical-Bayes
+/// pseudo-count noise_var / (residual_var - noise_var), at least 1 (XGBoost's default) and at
+/// most 999 (residuals within the noise); 1 when either variance is 0.
+double leaf_shrinkage(double noise_var, double residual_var);
+
 /// The clock effect of mbo's additive model: the Whittaker smoother (Eilers 2003) of the
 /// per-clock residual sums `sums` over `counts` points, with `penalty` on squared second
 /// divided differences scaled by the squared mean clock step; freqs_mhz ascending.

@@ -78,6 +78,7 @@ void XgbRegressor::fit(const Matrix& x, const std::vector<float>& y) {
   set("subsample", fmt::format("{}", p.subsample));
   set("colsample_bytree", fmt::format("{}", p.colsample_bytree));
   set("min_child_weight", fmt::format("{}", p.min_child_weight));
+  set("lambda", fmt::format("{}", p.reg_lambda));
   if (!p.monotone_constraints.empty()) set("monotone_constraints", p.monotone_constraints);
   set("nthread", std::to_string(p.nthread));
   set("seed", std::to_string(p.seed % 2147483647ULL));
@@ -96,7 +97,8 @@ std::vector<float> XgbRegressor::predict(const Matrix& x) const {
   return std::vector<float>(out, out + len);
 }
 
-BootstrapEnsemble::BootstrapEnsemble(EnsembleParams p, std::uint64_t seed) : p_(std::move(p)), seed_(seed) {}
+BootstrapEnsemble::BootstrapEnsemble(EnsembleParams p, std::uint64_t seed)
+    : p_(std::move(p)), seed_(seed) {}
 
 void BootstrapEnsemble::fit(const Matrix& x, const std::vector<float>& y) {
   members_.clear();

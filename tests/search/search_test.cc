@@ -276,6 +276,22 @@ TEST(Search, MeasurementWeightsAreThePrecisionShares) {
   for (double x : w) EXPECT_EQ(x, 0.25);
 }
 
+// The selection trees' leaf penalty against hand-computed noise-to-signal ratios.
+TEST(Search, LeafShrinkageIsTheNoiseToSignalRatio) {
+  // 1% energy noise in residuals of 1.118% (variance 1.25e-4): signal variance 0.25e-4, lambda
+  // 1e-4 / 0.25e-4 = 4 pseudo-points of 0 in every leaf.
+  EXPECT_NEAR(leaf_shrinkage(1e-4, 1.25e-4), 4.0, 1e-9);
+  EXPECT_NEAR(leaf_shrinkage(1e-4, 1.1e-4), 10.0, 1e-9);
+  // 0.1% time noise in 0.5% residuals: 1e-6 / 2.4e-5 = 0.042, below XGBoost's default of 1.
+  EXPECT_EQ(leaf_shrinkage(1e-6, 2.5e-5), 1.0);
+  // Residuals within the noise: the largest penalty, 0.999 / 0.001.
+  EXPECT_NEAR(leaf_shrinkage(1e-4, 0.9e-4), 999.0, 1e-6);
+  EXPECT_NEAR(leaf_shrinkage(1e-4, 1e-4), 999.0, 1e-6);
+  // Exact measurements or an exact fit: XGBoost's default.
+  EXPECT_EQ(leaf_shrinkage(0.0, 1e-4), 1.0);
+  EXPECT_EQ(leaf_shrinkage(1e-4, 0.0), 1.0);
+}
+
 // The clock effect's smoother against hand-solved systems.
 TEST(Search, ClockEffectIsAWhittakerSmoother) {
   // Three even clocks, one point each, sums (0, 1, 0), penalty 1: (I + D'D) a = s with

@@ -40,15 +40,21 @@ TEST(XgbRegressor, FitsALinearFunction) {
   EXPECT_LT(max_err, 1.0);  // range 0..95
 }
 
-TEST(XgbRegressor, StepFunctionIsExactBetweenLevels) {
+// One feature 0..n-1 and a step target: `low` below n / 2, `high` from there.
+Matrix step(int n, float low, float high, std::vector<float>& y) {
   Matrix x;
   x.cols = 1;
-  std::vector<float> y;
-  for (int i = 0; i < 100; ++i) {
+  for (int i = 0; i < n; ++i) {
     x.data.push_back(static_cast<float>(i));
-    y.push_back(i < 50 ? 1.0f : 5.0f);
+    y.push_back(i < n / 2 ? low : high);
     ++x.rows;
   }
+  return x;
+}
+
+TEST(XgbRegressor, StepFunctionIsExactBetweenLevels) {
+  std::vector<float> y;
+  const Matrix x = step(100, 1.0f, 5.0f, y);
   XgbParams p;
   p.subsample = 1.0;
   p.colsample_bytree = 1.0;
@@ -57,6 +63,27 @@ TEST(XgbRegressor, StepFunctionIsExactBetweenLevels) {
   const auto pred = r.predict(x);
   EXPECT_NEAR(pred[10], 1.0, 1e-3);
   EXPECT_NEAR(pred[90], 5.0, 1e-3);
+}
+
+// lambda reaches XGBoost: one stump on two groups of 4 points (targets +1 and -1) moves each
+// group's prediction by its mean residual x 4 / (4 + lambda), whatever the base score, so the
+// two predictions differ by 2 x 4 / (4 + lambda).
+TEST(XgbRegressor, RegLambdaShrinksEachLeaf) {
+  std::vector<float> y;
+  const Matrix x = step(8, 1.0f, -1.0f, y);
+  for (double lambda : {1.0, 4.0, 12.0}) {
+    XgbParams p;
+    p.subsample = 1.0;
+    p.colsample_bytree = 1.0;
+    p.max_depth = 1;
+    p.eta = 1.0;
+    p.rounds = 1;
+    p.reg_lambda = lambda;
+    XgbRegressor r(p);
+    r.fit(x, y);
+    const auto pred = r.predict(x);
+    EXPECT_NEAR(pred[0] - pred[7], 8.0 / (4.0 + lambda), 1e-5) << "lambda " << lambda;
+  }
 }
 
 TEST(BootstrapEnsemble, DeterministicBySeedAndUncertaintyIsPositive) {
