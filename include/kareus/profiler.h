@@ -53,10 +53,11 @@ struct NoiseRel {
 inline constexpr double kTimeNoiseShare = 0.1;  ///< time noise / energy noise
 inline constexpr NoiseRel kMeasuredNoiseRel{0.001, 0.01};
 
-/// Both objectives' noise from an energy noise and a time noise, where a time noise of -1 means
-/// kTimeNoiseShare x the energy's (the measured ratio), so an exact energy makes an exact time.
+/// Both objectives' noise from an energy noise and a time noise, where a negative time noise
+/// (-1 by convention) means kTimeNoiseShare x the energy's (the measured ratio), so an exact
+/// energy makes an exact time. Callers validate the values.
 inline NoiseRel noise_with_time_share(double energy, double time = -1) {
-  return {time == -1 ? kTimeNoiseShare * energy : time, energy};
+  return {time < 0 ? kTimeNoiseShare * energy : time, energy};
 }
 
 struct ProfilerOptions {
