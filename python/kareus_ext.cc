@@ -68,6 +68,7 @@ struct Instruction {
   std::string kind;
   int microbatch = 0, freq_mhz = 0;
   double start_s = 0, end_s = 0, time_s = 0;
+  bool sequential = false;
   std::map<std::string, Partition> partitions;
 };
 
@@ -97,6 +98,9 @@ Instruction read_instruction(const kareus_plan* h, int index) {
   in.start_s = info.start_s;
   in.end_s = info.end_s;
   in.time_s = info.time_s;
+  int sequential = 0;
+  check(kareus_plan_instruction_sequential(h, index, &sequential));
+  in.sequential = sequential != 0;
   for (int p = 0; p < info.partition_count; ++p) {
     kareus_partition_info pi;
     check(kareus_plan_partition(h, index, p, &pi));
@@ -420,7 +424,8 @@ PYBIND11_MODULE(_core, m) {
   py::class_<Instruction>(m, "Instruction",
                           "One pipeline instruction of a stage: kind ('forward' or 'backward'), "
                           "micro-batch, SM clock (MHz), predicted start/end and run time (s), "
-                          "and its partitions by key.")
+                          "its partitions by key, and whether it runs sequentially (the whole "
+                          "micro-batch, no nano-batches, no partitions).")
       .def_readonly("index", &Instruction::index)
       .def_readonly("kind", &Instruction::kind)
       .def_readonly("microbatch", &Instruction::microbatch)
@@ -428,6 +433,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("start_s", &Instruction::start_s)
       .def_readonly("end_s", &Instruction::end_s)
       .def_readonly("time_s", &Instruction::time_s)
+      .def_readonly("sequential", &Instruction::sequential)
       .def_readonly("partitions", &Instruction::partitions)
       .def("__repr__", [](const Instruction& in) {
         return py::str("Instruction({} mb={} freq_mhz={} partitions={})")

@@ -7,4 +7,5 @@ set_tests_properties(
   Eval.PaperSuite
   Plan.PerLayerNeverWorseAndReplays
   Calibration.FitReproducesCommittedDefaults
+  Zoo.NeverWorseThanBaselinesAndHonestFastEnds
   PROPERTIES LABELS slow)

@@ -96,6 +96,10 @@ typedef struct kareus_instruction_info {
 int kareus_plan_instruction(const kareus_plan* plan, int index, kareus_instruction_info* out);
 /* Index of the instruction (kind, microbatch) on the rank's stage. */
 int kareus_plan_find_instruction(const kareus_plan* plan, int kind, int microbatch, int* index);
+/* 1 when the instruction runs its micro-batch whole, kernels in sequence (no nano-batches and
+   partition_count 0; every instruction of a sequential plan, and those of an overlapped Kareus
+   plan where overlap does not pay), else 0. */
+int kareus_plan_instruction_sequential(const kareus_plan* plan, int index, int* sequential);
 
 typedef struct kareus_partition_info {
   const char* key;     /* e.g. "fwd_attn" */

@@ -39,6 +39,8 @@ struct InstructionOption {
   std::map<std::string, PartitionConfig> partitions;  ///< by key (empty when sequential)
   /// With ComposeOptions::per_instance: partitions whose instances use several configurations.
   std::map<std::string, std::vector<ConfigShare>> mixes;
+  /// The micro-batch runs whole, kernels in sequence (no nano-batches): Perseus's execution.
+  bool sequential = false;
 };
 
 struct ComposeOptions {

@@ -81,9 +81,13 @@ class EmulatorModel {
   /// Kernels one after another (collectives alone, with `collective_sms` CTAs).
   SimResult simulate_sequence(const std::vector<Kernel>& kernels, int freq_mhz,
                               int collective_sms) const;
-  /// Compute kernels `ops` overlapped with `collective` launched before op `slot_index`.
+  /// Compute kernels `ops` overlapped with `collective` launched before op `slot_index`, and
+  /// after it the kernels of `tail` on the communication stream (Partition::comm_tail): small
+  /// kernels on the collective's `sms` SMs while compute runs (the whole GPU once it is done),
+  /// collectives on `sms` CTAs.
   SimResult simulate_overlap(const std::vector<Kernel>& ops, const Kernel* collective,
-                             int slot_index, int sms, int freq_mhz) const;
+                             int slot_index, int sms, int freq_mhz,
+                             const std::vector<Kernel>& tail = {}) const;
   /// Bandwidth a collective can reach on its links (bytes/s): NCCL's ring bus bandwidth inside
   /// a node, one NVLink direction for point-to-point, the NIC across nodes.
   double link_bandwidth(const Kernel& collective) const;
@@ -98,8 +102,9 @@ class EmulatorModel {
   struct Rates;
   Rates rates(const Kernel* op, int op_sms, const Kernel* coll, int coll_sms, double f) const;
   /// simulate_overlap at a fixed clock, without the power cap.
-  SimResult simulate_at(const std::vector<Kernel>& ops, const Kernel* collective, int slot_index,
-                        int sms, double freq_mhz) const;
+  SimResult simulate_at(const std::vector<Kernel>& ops, const Kernel* collective,
+                        const std::vector<Kernel>& tail, int slot_index, int sms,
+                        double freq_mhz) const;
 
   GpuSpec gpu_;
   EmulatorParams p_;
@@ -145,6 +150,10 @@ struct InstructionSettings {
   /// `instances` occurrences (in execution order) use the first share's configuration, the
   /// next ones the second share's, and so on.
   std::map<std::string, std::vector<ConfigShare>> mixes;
+  /// Runs the micro-batch whole, kernels in sequence (no nano-batches, no partitions), inside
+  /// an otherwise overlapped schedule: where overlap does not pay, Kareus plans an instruction
+  /// the way Perseus would.
+  bool sequential = false;
 };
 
 using SettingsFn = std::function<InstructionSettings(int stage, InstructionKind kind, int mb)>;

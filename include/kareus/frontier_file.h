@@ -5,8 +5,12 @@
 // A point is stored as its choice of option per pipeline instruction (per stage, in 1F1B order,
 // an index into that stage's forward or backward option table), not as a plan: the option tables
 // (clock, time, energy and each partition's SMs and slot) appear once per (stage, kind), which is
-// what makes the file small (a plan repeats them for every micro-batch). The file also holds what
-// materializing needs and what detects a stale file:
+// what makes the file small (a plan repeats them for every micro-batch). Two more things keep it
+// small on deep pipelines with many micro-batches: a table holds only the options some point
+// uses (the planner's tables run to thousands of options per instruction, of which the points
+// use a few dozen), and a stage's choices are run-length encoded ([option, count] pairs: a
+// steady 1F1B phase repeats one option). The file also holds what materializing needs and what
+// detects a stale file:
 //  - the workload file's text and the name it was read under, and its digest;
 //  - the planning options it was computed with;
 //  - `inputs_hash`, FNV-1a over all of the above and every table and point: a file edited by
@@ -26,7 +30,7 @@
 namespace kareus {
 
 inline constexpr const char* kFrontierFormat = "kareus-frontier";
-inline constexpr int kFrontierVersion = 2;
+inline constexpr int kFrontierVersion = 3;
 
 /// A point of one method's frontier.
 struct FrontierRef {

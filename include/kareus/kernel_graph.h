@@ -65,6 +65,12 @@ struct Block {
   std::vector<Kernel> ops;
   std::vector<Slot> slots;
   Kernel collective;
+  /// What the communication stream runs after `collective`, in order: small kernels (no tensor
+  /// cores) and further collectives. Under sequence parallelism a layer's norm sits between a
+  /// ReduceScatter and an AllGather with nothing else to hide behind them; it runs here, so one
+  /// nano-batch's ReduceScatter, norm and AllGather overlap the other's GEMMs as one chain (as
+  /// the AllReduce they replace would). See fold_small_blocks in kernel_graph.cc.
+  std::vector<Kernel> comm_tail;
 };
 
 struct InstructionGraph {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 namespace kareus {
@@ -15,6 +16,18 @@ struct Point2 {
 /// Indices of the non-dominated points (both objectives minimized), sorted by x ascending.
 /// Of several identical points, the first index is kept.
 std::vector<std::size_t> pareto_front(const std::vector<Point2>& pts);
+
+/// The non-dominated elements of `v` on (time_s, dynamic_energy_j), time ascending: one rule
+/// for partition options and instruction options alike.
+template <typename T>
+std::vector<T> pareto_by_time_and_energy(std::vector<T> v) {
+  std::vector<Point2> pts;
+  pts.reserve(v.size());
+  for (const auto& o : v) pts.push_back({o.time_s, o.dynamic_energy_j});
+  std::vector<T> out;
+  for (std::size_t i : pareto_front(pts)) out.push_back(std::move(v[i]));
+  return out;
+}
 
 /// Area dominated by `pts` and bounded by `ref` (points not strictly better than ref in both
 /// objectives contribute nothing).

@@ -28,10 +28,15 @@ struct Partition {
   std::vector<Kernel> compute_ops;  ///< one nano-batch's compute, in order
   std::vector<Slot> slots;          ///< launch points of `collective` among compute_ops
   Kernel collective;                ///< the other nano-batch's collective
-  std::string signature;            ///< stable hash of every shape above (profile-store key)
+  /// What the other nano-batch's communication stream runs after `collective` (Block::
+  /// comm_tail): under sequence parallelism its norm and AllGather. Empty for TP and CP.
+  std::vector<Kernel> comm_tail;
+  std::string signature;  ///< stable hash of every shape above (profile-store key)
   std::vector<PartitionOccurrence> occurrences;
 
   int repeats() const;  ///< instances per micro-batch, all stages and instructions together
+  /// The collectives' short names joined by '_', e.g. "ar", "rs_ag" (a chain with a tail).
+  std::string chain_name() const;
   double compute_flops() const;
   const Slot& slot(const std::string& name) const;  ///< throws InvalidInput listing the slots
   std::vector<std::string> slot_names() const;

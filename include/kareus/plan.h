@@ -90,6 +90,10 @@ struct PlanInstruction {
   double start_s = 0;
   double end_s = 0;
   bool clock_switch = false;  ///< the clock differs from the previous instruction's on the stage
+  /// In an overlapped plan: this instruction runs its micro-batch whole, kernels in sequence
+  /// (no nano-batches, no partitions), where overlap does not pay. Always true in a
+  /// sequential plan.
+  bool sequential = false;
   std::map<std::string, PlanPartition> partitions;  ///< by partition key (empty if sequential)
 
   /// The settings the emulator replays.

@@ -60,6 +60,8 @@ struct PartitionSearchSummary {
   int evaluations = 0;
   int resumed = 0;
   int coverage_points = 0;  ///< extra measurements so that every clock has an option
+  /// Nanobatching's configuration measured at every clock (shared with that baseline).
+  int baseline_points = 0;
 };
 
 /// Time and dynamic energy of a segment that runs once (a message between stages, a
@@ -159,7 +161,9 @@ class Planner {
 
   /// Stage 2: searches every distinct partition (once; later calls reuse the result).
   const std::vector<PartitionSearchSummary>& search_partitions();
-  /// Stages 3-5 for one method.
+  /// Stages 3-5 for one method (computed once; later calls return the same frontier). Kareus's
+  /// frontier takes the baselines' and its ablation's plans as candidates (they lie in its
+  /// space), so it computes those frontiers too.
   MethodFrontier frontier(Method m);
   /// A frontier point as an executable plan (format v2: rank mapping, slot ops, recompute
   /// flags, predicted start/end per instruction with clock-switch stalls).
@@ -174,9 +178,12 @@ class Planner {
  private:
   std::vector<InstructionOption> instruction_options(Method m, int stage, InstructionKind k,
                                                      bool per_instance);
+  std::vector<InstructionOption> compose_method(Method m, int stage, InstructionKind k,
+                                                bool per_instance,
+                                                const std::vector<int>& freqs_mhz);
   /// Null `uniform`: one option table per (stage, kind), the same for every layer. Otherwise
   /// per-instance tables, each keeping the options of these uniform tables of the same method
-  /// (see keep_uniform_options).
+  /// (see keep_clock_options in planner.cc).
   MethodFrontier frontier_with(
       Method m, const std::vector<std::vector<InstructionOption>>* uniform = nullptr);
   void compose_tables(MethodFrontier& mf,
@@ -185,6 +192,7 @@ class Planner {
   MethodFrontier frontier_layers(Method m);  ///< uniform, or per-layer with the uniform points
   void apply_clock_switch_cost(MethodFrontier& mf) const;
   PartitionOption segment_cost(const Segment& s, int freq_mhz);
+  PartitionConfig baseline_config(const Partition& p, int freq_mhz) const;
   const PartitionSet& sequential_partitions();
 
   Workload w_;
@@ -198,6 +206,7 @@ class Planner {
   bool searched_ = false;
   std::vector<PartitionSearchSummary> summaries_;
   std::map<std::string, PartitionFronts> searched_fronts_;  ///< by partition key
+  std::map<Method, MethodFrontier> frontiers_;              ///< frontier(m), computed once
 };
 
 /// The DAG in the `--dump-dag` JSON format.

@@ -1,8 +1,9 @@
 // The configuration space of a partition: SM clocks x SMs of the collective x launch slots.
 // Defaults follow the Kareus artifact on A100 (github.com/ml-energy/kareus): clocks from the GPU's
 // search range (1410..900 MHz in 30 MHz steps), AllReduce SMs 3, 6, ..., 30,
-// AllGather/ReduceScatter SMs 1..20, every launch slot of the partition. Every list can be
-// overridden.
+// AllGather/ReduceScatter SMs 1..20, every launch slot of the partition; NCCL's default CTA
+// count (GpuSpec::nccl_default_channels, the Nanobatching baseline's setting) joins the SM grid
+// where it is missing, so that the space contains the baseline. Every list can be overridden.
 #pragma once
 
 #include <string>

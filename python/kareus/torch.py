@@ -180,6 +180,9 @@ class InstructionSettings:
     freq_mhz: int = 0
     partitions: Dict[str, PartitionChoice] = field(default_factory=dict)
     mixes: Dict[str, List[Tuple[PartitionChoice, int]]] = field(default_factory=dict)
+    #: The instruction runs its micro-batch whole, collectives in line (no nano-batches): the
+    #: plan chose Perseus's execution for it, where overlap does not pay.
+    sequential: bool = False
 
     @staticmethod
     def from_plan(instruction: Any) -> "InstructionSettings":
@@ -192,7 +195,8 @@ class InstructionSettings:
                 mixes[key] = [(PartitionChoice(int(s.sms), str(s.slot)), int(s.instances))
                               for s in p.mix]
         return InstructionSettings(str(instruction.kind), int(instruction.microbatch),
-                                   int(instruction.freq_mhz), parts, mixes)
+                                   int(instruction.freq_mhz), parts, mixes,
+                                   bool(getattr(instruction, "sequential", False)))
 
 
 class _Cursor:
@@ -739,6 +743,37 @@ def _run_chain(blocks: List[_Block], states: List[_NB], cursor: _Cursor, group_f
     p_blk.deliver(p_state, tensor)
 
 
+def _run_sequential(blocks: List[_Block], st: _NB, group_for_sms, direction: str,
+                    trace: Optional[List[TraceEvent]]) -> None:
+    """Runs the blocks on the whole micro-batch, each collective in line after its block (a
+    sequential instruction: Megatron-LM's order, NCCL's default CTAs). Traced as collectives
+    that overlap nothing (op_index -1); the last one is the stack tail (key ""), as in
+    :func:`_run_chain`."""
+    for n, blk in enumerate(blocks):
+        for _, op in blk.ops:
+            op(st)
+        tensor = blk.collective_input(st)
+        if trace is not None:
+            key = "" if n + 1 == len(blocks) else blk.key
+            trace.append(TraceEvent(direction, key, n, blk.layer, -1, 0, blk.key, -1, "", None))
+        dist.all_reduce(tensor, group=group_for_sms(None))
+        blk.deliver(st, tensor)
+
+
+def _is_sequential(settings: Optional[InstructionSettings]) -> bool:
+    return settings is not None and settings.sequential
+
+
+def _regroup_ckpts(ckpts: List[Dict[int, torch.Tensor]], parts: int) -> List[Dict[int, torch.Tensor]]:
+    """The per-layer inputs saved by a forward run as len(ckpts) batches, as `parts` batches
+    (a forward and its backward may differ in nano-batching: one sequential, one overlapped)."""
+    if len(ckpts) == parts:
+        return ckpts
+    whole = {l: torch.cat([c[l] for c in ckpts], dim=0) for l in ckpts[0]}
+    return [{l: t.chunk(parts, dim=0)[i].contiguous() for l, t in whole.items()}
+            for i in range(parts)]
+
+
 class _NanoStackFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, stack, *weights):  # type: ignore[override]
@@ -747,12 +782,20 @@ class _NanoStackFunction(torch.autograd.Function):
         grads: List[Optional[torch.Tensor]] = [None] * len(weights)
         b = _Builder(stack.layers, weights, grads)
         record = not stack.recompute
-        x0, x1 = x.detach().chunk(2, dim=0)
-        states = [_NB(x0.contiguous()), _NB(x1.contiguous())]
+        sequential = _is_sequential(settings)
+        if sequential:
+            states = [_NB(x.detach().contiguous())]
+        else:
+            x0, x1 = x.detach().chunk(2, dim=0)
+            states = [_NB(x0.contiguous()), _NB(x1.contiguous())]
         blocks: List[_Block] = []
         for l in range(len(stack.layers)):
             blocks += [b.fwd_attn(l, record, False), b.fwd_mlp(l, record, False)]
-        _run_chain(blocks, states, _Cursor(settings), stack.group_for_sms, "forward", stack.trace)
+        if sequential:
+            _run_sequential(blocks, states[0], stack.group_for_sms, "forward", stack.trace)
+        else:
+            _run_chain(blocks, states, _Cursor(settings), stack.group_for_sms, "forward",
+                       stack.trace)
         out = torch.cat([(s.r.detach() + s.y) for s in states], dim=0)
         if stack.recompute:
             ctx.ckpts = [dict(s.ckpt) for s in states]  # layer inputs only
@@ -773,21 +816,30 @@ class _NanoStackFunction(torch.autograd.Function):
         weights = ctx.saved_tensors
         grads: List[Optional[torch.Tensor]] = [None] * len(weights)
         b = _Builder(stack.layers, weights, grads)
-        g0, g1 = g_out.chunk(2, dim=0)
+        sequential = _is_sequential(settings)
+        parts = 1 if sequential else 2
         if stack.recompute:
-            states = [_NB(None), _NB(None)]
-            for s, ck in zip(states, ctx.ckpts):
+            states = [_NB(None) for _ in range(parts)]
+            for s, ck in zip(states, _regroup_ckpts(ctx.ckpts, parts)):
                 s.ckpt = ck
         else:
             states = ctx.states
-        for s, g in zip(states, (g0, g1)):
+            if len(states) != parts:
+                raise RuntimeError(
+                    "kareus.torch: a forward and its backward differ in nano-batching (one "
+                    "sequential, one overlapped); that needs recompute=True")
+        for s, g in zip(states, g_out.chunk(parts, dim=0)):
             s.g_r = g.contiguous()
         blocks: List[_Block] = []
         for l in reversed(range(len(stack.layers))):
             if stack.recompute:
                 blocks += [b.fwd_attn(l, True, True), b.fwd_mlp(l, True, True)]
             blocks += [b.bwd_mlp(l), b.bwd_attn(l)]
-        _run_chain(blocks, states, _Cursor(settings), stack.group_for_sms, "backward", stack.trace)
+        if sequential:
+            _run_sequential(blocks, states[0], stack.group_for_sms, "backward", stack.trace)
+        else:
+            _run_chain(blocks, states, _Cursor(settings), stack.group_for_sms, "backward",
+                       stack.trace)
         for s in states:  # the stack input's gradient: the last norm backward and residual add
             b._norm_bwd(s)
             b._residual_grad_add(s)

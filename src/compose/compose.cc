@@ -10,12 +10,7 @@
 namespace kareus {
 
 std::vector<InstructionOption> pareto_filter(std::vector<InstructionOption> options) {
-  std::vector<Point2> pts;
-  pts.reserve(options.size());
-  for (const auto& o : options) pts.push_back({o.time_s, o.dynamic_energy_j});
-  std::vector<InstructionOption> out;
-  for (std::size_t i : pareto_front(pts)) out.push_back(std::move(options[i]));
-  return out;
+  return pareto_by_time_and_energy(std::move(options));
 }
 
 namespace {

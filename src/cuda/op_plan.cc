@@ -322,6 +322,16 @@ ExecutionPlan plan_partition(const Partition& p, const std::string& slot) {
           fmt::format("partition {}: compute op {} is a collective", p.key, k.name));
     }
   }
+  if (!p.comm_tail.empty()) {
+    // Sequence parallelism's RS -> norm -> AG chain needs the norm and the second collective
+    // enqueued on the communication stream after the first; the executor runs one collective.
+    throw NotSupported(fmt::format(
+        "partition {}: its communication chain ({}: a collective, the norm on the sequence "
+        "shard, then another collective) is not run by the cuda backend yet; profile "
+        "sequence-parallel jobs with --backend emulator, or measure them in your framework and "
+        "replay them with --backend trace",
+        p.key, p.chain_name()));
+  }
   ExecutionPlan plan = plan_ops(p.compute_ops);
   plan.overlap = collective_step(p.collective);
   plan.slot_index = s.op_index;

@@ -309,8 +309,9 @@ double mean_overlap_compute_slowdown(const Workload& w, const EmulatorParams& p)
   for (const auto& part : ps.partitions) {
     if (part.collective.wire_bytes() <= 0 || part.compute_ops.empty()) continue;
     const double alone = m.simulate_overlap(part.compute_ops, nullptr, 0, 0, f).time_s;
-    const SimResult with = m.simulate_overlap(part.compute_ops, &part.collective, 0,
-                                              m.default_collective_sms(part.collective), f);
+    const SimResult with =
+        m.simulate_overlap(part.compute_ops, &part.collective, 0,
+                           m.default_collective_sms(part.collective), f, part.comm_tail);
     sum += with.compute_end_s / alone - 1.0;
     ++n;
   }

@@ -203,37 +203,64 @@ EmulatorModel::Rates EmulatorModel::rates(const Kernel* op, int op_sms, const Ke
 }
 
 SimResult EmulatorModel::simulate_at(const std::vector<Kernel>& ops, const Kernel* coll,
-                                     int slot_index, int sms, double freq_mhz) const {
+                                     const std::vector<Kernel>& tail, int slot_index, int sms,
+                                     double freq_mhz) const {
   SimResult res;
   const int N = gpu_.sm_count;
-  std::size_t i = 0;
+  // The communication stream's chain: the collective, then its tail (small kernels on the
+  // collective's SMs while compute runs, on the whole GPU after; further collectives).
+  std::vector<const Kernel*> chain;
+  if (coll) chain.push_back(coll);
+  for (const auto& k : tail) chain.push_back(&k);
+  std::size_t i = 0, c = 0;
   double op_left = 1.0;  // fraction of the current op still to run
-  // NCCL returns at once for an empty buffer: such a collective neither runs nor holds SMs.
-  enum { kWaiting, kActive, kDone } cs = coll && coll->wire_bytes() > 0 ? kWaiting : kDone;
-  double coll_left = 0;
-  if (coll) coll_left = coll->wire_bytes() + p_.collective_latency_s * link_bandwidth(*coll);
+  double c_left = 0;     // the current chain step: bytes (collective) or fraction (kernel) left
+  enum { kWaiting, kActive, kDone } cs = chain.empty() ? kDone : kWaiting;
+  // Moves to chain step c (or past the end); NCCL returns at once for an empty buffer, so such
+  // a collective neither runs nor holds SMs.
+  auto enter_step = [&](double t_now) {
+    while (c < chain.size() && chain[c]->is_collective() && !(chain[c]->wire_bytes() > 0)) ++c;
+    if (c == chain.size()) {
+      if (cs == kActive) res.collective_end_s = t_now;
+      cs = kDone;
+      return;
+    }
+    const Kernel& k = *chain[c];
+    c_left = k.is_collective() ? k.wire_bytes() + p_.collective_latency_s * link_bandwidth(k) : 1.0;
+  };
   double t = 0, e = 0;
   while (i < ops.size() || cs != kDone) {
-    if (cs == kWaiting && static_cast<int>(i) >= slot_index) cs = kActive;
-    const Kernel* op = i < ops.size() ? &ops[i] : nullptr;
-    const bool coll_on = cs == kActive;
-    const Rates r = rates(op, coll_on ? N - sms : N, coll_on ? coll : nullptr, sms, freq_mhz);
-    const double dt_op = op ? op_left * r.op_time_s : std::numeric_limits<double>::infinity();
-    const double dt_coll = coll_on && r.coll_bytes_per_s > 0
-                               ? coll_left / r.coll_bytes_per_s
-                               : std::numeric_limits<double>::infinity();
-    if (!op && !coll_on) {
-      cs = kActive;  // slot beyond the last op: launch at the end
+    if (cs == kWaiting && static_cast<int>(i) >= slot_index) {
+      cs = kActive;
+      enter_step(t);
       continue;
     }
-    if (coll_on && !(r.coll_bytes_per_s > 0)) {
-      throw InvalidInput(
-          fmt::format("collective '{}' needs at least one SM, got {}", coll->name, sms));
+    const Kernel* op = i < ops.size() ? &ops[i] : nullptr;
+    const bool comm_on = cs == kActive;
+    if (!op && !comm_on) {
+      cs = kActive;  // slot beyond the last op: launch at the end
+      enter_step(t);
+      continue;
     }
-    const bool op_ends = dt_op <= dt_coll;
-    const double dt = op_ends ? dt_op : dt_coll;
+    const Kernel* step = comm_on ? chain[c] : nullptr;
+    const Kernel* step_coll = step && step->is_collective() ? step : nullptr;
+    const Kernel* step_kernel = step && !step_coll ? step : nullptr;
+    const Rates r = rates(op, comm_on ? N - sms : N, step_coll, sms, freq_mhz);
+    Rates rk;
+    if (step_kernel) rk = rates(step_kernel, op ? sms : N, nullptr, 0, freq_mhz);
+    const double inf = std::numeric_limits<double>::infinity();
+    const double dt_op = op ? op_left * r.op_time_s : inf;
+    if (step_coll && !(r.coll_bytes_per_s > 0)) {
+      throw InvalidInput(
+          fmt::format("collective '{}' needs at least one SM, got {}", step_coll->name, sms));
+    }
+    const double dt_step = step_coll     ? c_left / r.coll_bytes_per_s
+                           : step_kernel ? c_left * rk.op_time_s
+                                         : inf;
+    const bool op_ends = dt_op <= dt_step;
+    const double dt = op_ends ? dt_op : dt_step;
     t += dt;
-    e += r.power_w * dt;
+    e += (r.power_w + rk.power_w) * dt;
     if (op) {
       if (op_ends) {
         ++i;
@@ -243,12 +270,12 @@ SimResult EmulatorModel::simulate_at(const std::vector<Kernel>& ops, const Kerne
         op_left -= dt / r.op_time_s;
       }
     }
-    if (coll_on) {
-      if (!op_ends || dt_coll <= dt_op) {
-        cs = kDone;
-        res.collective_end_s = t;
+    if (step) {
+      if (!op_ends || dt_step <= dt_op) {
+        ++c;
+        enter_step(t);
       } else {
-        coll_left -= dt * r.coll_bytes_per_s;
+        c_left -= step_coll ? dt * r.coll_bytes_per_s : dt / rk.op_time_s;
       }
     }
   }
@@ -258,7 +285,8 @@ SimResult EmulatorModel::simulate_at(const std::vector<Kernel>& ops, const Kerne
 }
 
 SimResult EmulatorModel::simulate_overlap(const std::vector<Kernel>& ops, const Kernel* coll,
-                                          int slot_index, int sms, int freq_mhz) const {
+                                          int slot_index, int sms, int freq_mhz,
+                                          const std::vector<Kernel>& tail) const {
   // Power capping over the whole call (one partition, or one kernel of a sequence): the
   // firmware holds the board's power averaged over a window of milliseconds, about one
   // partition, by lowering the clock, alternating between adjacent clock steps so that the
@@ -270,12 +298,12 @@ SimResult EmulatorModel::simulate_overlap(const std::vector<Kernel>& ops, const 
   auto fits = [&](const SimResult& x) {
     return !(x.time_s > 0) || x.dynamic_energy_j <= headroom * x.time_s;
   };
-  SimResult r = simulate_at(ops, coll, slot_index, sms, freq_mhz);
+  SimResult r = simulate_at(ops, coll, tail, slot_index, sms, freq_mhz);
   if (fits(r)) return r;
   // Bisection over the whole clock range, not up to the request, so that C is the same for
   // every request above it.
   double lo = gpu_.min_freq_mhz, hi = gpu_.max_freq_mhz;
-  SimResult at_lo = simulate_at(ops, coll, slot_index, sms, lo);
+  SimResult at_lo = simulate_at(ops, coll, tail, slot_index, sms, lo);
   if (!fits(at_lo)) return at_lo;  // the firmware cannot go lower
   while (hi - lo > kCapResolutionMhz) {
     const double mid = 0.5 * (lo + hi);
@@ -283,7 +311,7 @@ SimResult EmulatorModel::simulate_overlap(const std::vector<Kernel>& ops, const 
       hi = mid;
       continue;
     }
-    SimResult x = simulate_at(ops, coll, slot_index, sms, mid);
+    SimResult x = simulate_at(ops, coll, tail, slot_index, sms, mid);
     if (fits(x)) {
       lo = mid;
       at_lo = x;
@@ -296,7 +324,7 @@ SimResult EmulatorModel::simulate_overlap(const std::vector<Kernel>& ops, const 
   const double step = gpu_.freq_step_mhz > 0 ? gpu_.freq_step_mhz : 1;
   const double s = gpu_.min_freq_mhz + std::ceil((lo - gpu_.min_freq_mhz) / step) * step;
   if (s > lo && s < hi && s < freq_mhz) {
-    SimResult x = simulate_at(ops, coll, slot_index, sms, s);
+    SimResult x = simulate_at(ops, coll, tail, slot_index, sms, s);
     if (fits(x)) return x;
   }
   return at_lo;
@@ -304,7 +332,8 @@ SimResult EmulatorModel::simulate_overlap(const std::vector<Kernel>& ops, const 
 
 SimResult EmulatorModel::simulate_partition(const Partition& part, const PartitionConfig& c) const {
   const Slot& slot = part.slot(c.slot);
-  return simulate_overlap(part.compute_ops, &part.collective, slot.op_index, c.sms, c.freq_mhz);
+  return simulate_overlap(part.compute_ops, &part.collective, slot.op_index, c.sms, c.freq_mhz,
+                          part.comm_tail);
 }
 
 SimResult EmulatorModel::simulate_sequence(const std::vector<Kernel>& kernels, int freq_mhz,

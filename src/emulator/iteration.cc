@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
 #include "kareus/emulator.h"
 #include "kareus/error.h"
@@ -92,13 +93,19 @@ InstructionCost emulate_instruction(const PartitionSet& ps, const EmulatorModel&
 namespace {
 
 // Instruction costs, memoized per distinct settings: 1F1B repeats the same few instructions.
+// An overlapped schedule may run single instructions sequentially (InstructionSettings::
+// sequential): those are costed on the workload partitioned without nano-batches.
 class CostMemo {
  public:
-  CostMemo(const PartitionSet& ps, const EmulatorModel& m, ExecutionMode mode)
-      : ps_(ps), m_(m), mode_(mode) {}
+  CostMemo(const PartitionSet& ps, const PartitionSet* sequential_ps, const EmulatorModel& m,
+           ExecutionMode mode)
+      : ps_(ps), seq_ps_(sequential_ps), m_(m), mode_(mode) {}
 
   const InstructionCost& operator()(int s, InstructionKind k, const InstructionSettings& st) {
-    std::string key = fmt::format("{}|{}|{}", s, static_cast<int>(k), st.freq_mhz);
+    const bool seq = st.sequential && mode_ == ExecutionMode::kOverlapped;
+    if (seq && !seq_ps_) throw InternalError("sequential instruction without its partitions");
+    std::string key =
+        fmt::format("{}|{}|{}|{}", s, static_cast<int>(k), st.freq_mhz, seq ? "seq" : "ovl");
     for (const auto& [pk, c] : st.partitions) key += fmt::format("|{}:{}:{}", pk, c.sms, c.slot);
     for (const auto& [pk, shares] : st.mixes) {
       for (const auto& sh : shares) {
@@ -107,13 +114,18 @@ class CostMemo {
     }
     auto it = memo_.find(key);
     if (it == memo_.end()) {
-      it = memo_.emplace(key, emulate_instruction(ps_, m_, mode_, s, k, st)).first;
+      it = memo_
+               .emplace(key, seq ? emulate_instruction(*seq_ps_, m_, ExecutionMode::kSequential, s,
+                                                       k, st)
+                                 : emulate_instruction(ps_, m_, mode_, s, k, st))
+               .first;
     }
     return it->second;
   }
 
  private:
   const PartitionSet& ps_;
+  const PartitionSet* seq_ps_;
   const EmulatorModel& m_;
   ExecutionMode mode_;
   std::map<std::string, InstructionCost> memo_;
@@ -220,7 +232,13 @@ IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, Exe
   // Messages between stages and once-per-iteration reductions: the settings the planner assumes.
   const int fmax = m.gpu().p2p_reduction_freq_mhz(), sms = m.gpu().segment_collective_sms();
   const SimResult p2p = pp > 1 ? m.simulate_sequence({ps.graph.p2p}, fmax, sms) : SimResult{};
-  CostMemo cost(ps, m, mode);
+  std::optional<PartitionSet> seq_ps;
+  if (mode == ExecutionMode::kOverlapped) {
+    Workload seq = w;
+    seq.batch.nano_batches = 1;
+    seq_ps = partition_workload(seq);
+  }
+  CostMemo cost(ps, seq_ps ? &*seq_ps : nullptr, m, mode);
   Replay replay(pp, w.batch.micro_batches, p2p.time_s, p2p.dynamic_energy_j, clock_switch_s);
   std::vector<StageState>& stages = replay.run(settings, cost);
   // Once-per-iteration reductions after the last backward (DP gradients, tied embeddings).

@@ -23,6 +23,20 @@ int Partition::repeats() const {
   return r;
 }
 
+namespace {
+
+std::string chain_name_of(const Kernel& collective, const std::vector<Kernel>& tail) {
+  std::string name = short_name(collective.collective);
+  for (const auto& k : tail) {
+    if (k.is_collective()) name.append("_").append(short_name(k.collective));
+  }
+  return name;
+}
+
+}  // namespace
+
+std::string Partition::chain_name() const { return chain_name_of(collective, comm_tail); }
+
 double Partition::compute_flops() const {
   double f = 0;
   for (const auto& k : compute_ops) f += k.flops;
@@ -74,7 +88,7 @@ std::string kernel_text(const Kernel& k) {
 
 struct RawPartition {
   const Block* compute;
-  const Kernel* collective;
+  const Block* communication;  ///< the block whose collective (and comm_tail) overlaps
   int stage;
   InstructionKind instruction;
 };
@@ -89,16 +103,16 @@ namespace {
 // kinds each block meets. Nano-batching pairs block i of one nano-batch with the collective
 // of block i-1 of the other.
 std::vector<RawPartition> raw_partitions(const KernelGraph& g,
-                                         std::map<std::string, std::set<CollectiveKind>>& kinds) {
+                                         std::map<std::string, std::set<std::string>>& kinds) {
   std::vector<RawPartition> raw;
   for (const auto& sg : g.stages) {
     for (const InstructionGraph* ig : {&sg.forward, &sg.backward}) {
       const auto& b = ig->blocks;
       for (std::size_t i = 1; i < 2 * b.size(); ++i) {
         const Block& c = b[i / 2];
-        const Kernel& coll = b[(i - 1) / 2].collective;
-        raw.push_back({&c, &coll, sg.stage, ig->kind});
-        kinds[prefix(c.direction) + c.name].insert(coll.collective);
+        const Block& comm = b[(i - 1) / 2];
+        raw.push_back({&c, &comm, sg.stage, ig->kind});
+        kinds[prefix(c.direction) + c.name].insert(chain_name_of(comm.collective, comm.comm_tail));
       }
     }
   }
@@ -107,7 +121,7 @@ std::vector<RawPartition> raw_partitions(const KernelGraph& g,
 
 // Pass 2: key, signature and de-duplication. Returns the partition index of every raw pair.
 std::vector<int> deduplicate(const std::vector<RawPartition>& raw,
-                             const std::map<std::string, std::set<CollectiveKind>>& kinds,
+                             const std::map<std::string, std::set<std::string>>& kinds,
                              PartitionSet& ps) {
   std::map<std::string, int> by_signature;
   std::map<std::string, int> versions_of_key;
@@ -115,13 +129,18 @@ std::vector<int> deduplicate(const std::vector<RawPartition>& raw,
   for (std::size_t r = 0; r < raw.size(); ++r) {
     const auto& rp = raw[r];
     const std::string base = prefix(rp.compute->direction) + rp.compute->name;
+    const Kernel& coll = rp.communication->collective;
+    const auto& tail = rp.communication->comm_tail;
     std::string key = base;
-    if (kinds.at(base).size() > 1) key += std::string("_") + short_name(rp.collective->collective);
+    if (kinds.at(base).size() > 1) key.append("_").append(chain_name_of(coll, tail));
     std::string text = key;
     // Appended piecewise: "\n" + string trips GCC 12's false -Wrestrict once inlined here.
     for (const auto& k : rp.compute->ops) text.append("\n").append(kernel_text(k));
     for (const auto& s : rp.compute->slots) text += fmt::format("\nslot {}@{}", s.name, s.op_index);
-    text.append("\n").append(kernel_text(*rp.collective));
+    text.append("\n").append(kernel_text(coll));
+    // A tail joins the signature only where there is one, so TP and CP signatures (the profile
+    // store's keys) stay as they were.
+    for (const auto& k : tail) text.append("\ntail ").append(kernel_text(k));
     const std::string sig = fmt::format("{:016x}", fnv1a(text));
     auto it = by_signature.find(sig);
     if (it == by_signature.end()) {
@@ -131,7 +150,8 @@ std::vector<int> deduplicate(const std::vector<RawPartition>& raw,
       p.direction = rp.compute->direction;
       p.compute_ops = rp.compute->ops;
       p.slots = rp.compute->slots;
-      p.collective = *rp.collective;
+      p.collective = coll;
+      p.comm_tail = tail;
       p.signature = sig;
       it = by_signature.emplace(sig, static_cast<int>(ps.partitions.size())).first;
       ps.partitions.push_back(std::move(p));
@@ -168,12 +188,15 @@ InstructionSteps instruction_steps(PartitionSet& ps, const InstructionGraph& ig,
     for (std::size_t i = 1; i < 2 * b.size(); ++i) {
       is.steps.push_back({Step::Kind::kPartition, raw_index[next_raw++]});
     }
-    add_segment(ps, is, "stack_tail", {b.back().collective});
+    std::vector<Kernel> tail = {b.back().collective};
+    tail.insert(tail.end(), b.back().comm_tail.begin(), b.back().comm_tail.end());
+    add_segment(ps, is, "stack_tail", tail);
   } else {
     std::vector<Kernel> seq;
     for (const auto& blk : b) {
       seq.insert(seq.end(), blk.ops.begin(), blk.ops.end());
       seq.push_back(blk.collective);
+      seq.insert(seq.end(), blk.comm_tail.begin(), blk.comm_tail.end());
     }
     add_segment(ps, is, "layer_stack", seq);
   }
@@ -187,7 +210,7 @@ PartitionSet partition_workload(const Workload& w) {
   PartitionSet ps;
   ps.graph = build_kernel_graph(w);
   const bool overlap = w.batch.nano_batches == 2;
-  std::map<std::string, std::set<CollectiveKind>> kinds_of_block;
+  std::map<std::string, std::set<std::string>> kinds_of_block;
   const std::vector<RawPartition> raw =
       overlap ? raw_partitions(ps.graph, kinds_of_block) : std::vector<RawPartition>{};
   const std::vector<int> raw_index = deduplicate(raw, kinds_of_block, ps);

@@ -23,6 +23,7 @@ constexpr Method kMethods[] = {Method::kKareus,           Method::kKareusMaxCloc
 nlohmann::json option_to_json(const InstructionOption& o) {
   nlohmann::json j = {
       {"freq_mhz", o.freq_mhz}, {"time_s", o.time_s}, {"dynamic_energy_j", o.dynamic_energy_j}};
+  if (o.sequential) j["sequential"] = true;
   if (!o.partitions.empty()) {
     for (const auto& [key, c] : o.partitions) j["partitions"][key] = {c.sms, c.slot};
   }
@@ -34,15 +35,24 @@ nlohmann::json option_to_json(const InstructionOption& o) {
   return j;
 }
 
-// Choices of the instruction nodes, per stage in node order (1F1B order); the other nodes have
-// one option.
-nlohmann::json choice_to_json(const MethodFrontier& f, const std::vector<int>& choice) {
+// Choices of the instruction nodes, per stage in node order (1F1B order), run-length encoded as
+// [option, count] pairs, options renumbered by `index` (per table: old index -> stored index);
+// the other nodes have one option.
+nlohmann::json choice_to_json(const MethodFrontier& f, const std::vector<int>& choice,
+                              const std::vector<std::vector<int>>& index) {
   nlohmann::json per_stage = nlohmann::json::array();
   for (std::size_t i = 0; i < f.dag.nodes.size(); ++i) {
-    if (f.node_table[i] < 0) continue;
+    const int t = f.node_table[i];
+    if (t < 0) continue;
     const auto s = static_cast<std::size_t>(f.dag.nodes[i].stage);
     while (per_stage.size() <= s) per_stage.push_back(nlohmann::json::array());
-    per_stage[s].push_back(choice[i]);
+    const int c = index[static_cast<std::size_t>(t)][static_cast<std::size_t>(choice[i])];
+    auto& runs = per_stage[s];
+    if (!runs.empty() && runs.back()[0].get<int>() == c) {
+      runs.back()[1] = runs.back()[1].get<int>() + 1;
+    } else {
+      runs.push_back({c, 1});
+    }
   }
   return per_stage;
 }
@@ -96,6 +106,7 @@ InstructionOption option_from_json(const Fields& r, const nlohmann::json& j,
   o.freq_mhz = r.get<int>(j, "freq_mhz", path);
   o.time_s = r.get<double>(j, "time_s", path);
   o.dynamic_energy_j = r.get<double>(j, "dynamic_energy_j", path);
+  if (j.contains("sequential")) o.sequential = r.get<bool>(j, "sequential", path);
   try {
     if (j.contains("partitions")) {
       for (const auto& [key, v] : j["partitions"].items()) {
@@ -119,23 +130,45 @@ InstructionOption option_from_json(const Fields& r, const nlohmann::json& j,
 std::vector<int> choice_from_json(const Fields& r, const MethodFrontier& f, const nlohmann::json& j,
                                   const std::string& path) {
   std::vector<int> choice(f.dag.nodes.size(), 0);
-  std::vector<std::size_t> next;
+  // Per stage: the run being read and how many of its instructions are used up.
+  std::vector<std::size_t> run, used, k_of;
   for (std::size_t i = 0; i < f.dag.nodes.size(); ++i) {
     const int t = f.node_table[i];
     if (t < 0) continue;
     const auto s = static_cast<std::size_t>(f.dag.nodes[i].stage);
-    if (next.size() <= s) next.resize(s + 1, 0);
-    const std::size_t k = next[s]++;
-    if (!j.is_array() || s >= j.size() || !j[s].is_array() || k >= j[s].size() ||
-        !j[s][k].is_number_integer()) {
-      r.fail(path, fmt::format("no option index for instruction {} of stage {}", k, s));
+    if (run.size() <= s) {
+      run.resize(s + 1, 0);
+      used.resize(s + 1, 0);
+      k_of.resize(s + 1, 0);
     }
-    const int c = j[s][k].get<int>();
+    const std::size_t k = k_of[s]++;
+    auto entry_ok = [&](std::size_t r_) {
+      return j.is_array() && s < j.size() && j[s].is_array() && r_ < j[s].size() &&
+             j[s][r_].is_array() && j[s][r_].size() == 2 && j[s][r_][0].is_number_integer() &&
+             j[s][r_][1].is_number_integer() && j[s][r_][1].get<int>() >= 1;
+    };
+    if (entry_ok(run[s]) && used[s] == static_cast<std::size_t>(j[s][run[s]][1].get<int>())) {
+      ++run[s];
+      used[s] = 0;
+    }
+    if (!entry_ok(run[s])) {
+      r.fail(path, fmt::format("no [option, count] run covers instruction {} of stage {}", k, s));
+    }
+    const int c = j[s][run[s]][0].get<int>();
+    ++used[s];
     if (c < 0 || static_cast<std::size_t>(c) >= f.tables[static_cast<std::size_t>(t)].size()) {
-      r.fail(fmt::format("{}[{}][{}]", path, s, k),
+      r.fail(fmt::format("{}[{}][{}]", path, s, run[s]),
              fmt::format("{}: allowed 0..{}", c, f.tables[static_cast<std::size_t>(t)].size() - 1));
     }
     choice[i] = c;
+  }
+  for (std::size_t s = 0; s < run.size(); ++s) {
+    const bool exact = j[s].size() == run[s] + 1 &&
+                       used[s] == static_cast<std::size_t>(j[s][run[s]][1].get<int>());
+    if (!exact)
+      r.fail(fmt::format("{}[{}]", path, s),
+             "the runs cover more instructions than "
+             "the stage has");
   }
   return choice;
 }
@@ -214,16 +247,31 @@ nlohmann::json method_frontier_to_json(const MethodFrontier& f) {
       {"tables", nlohmann::json::array()},
       {"points", nlohmann::json::array()}};
   for (const auto& r : f.reductions) j["reductions"].push_back({r.time_s, r.dynamic_energy_j});
-  for (const auto& table : f.tables) {
-    nlohmann::json t = nlohmann::json::array();
-    for (const auto& o : table) t.push_back(option_to_json(o));
-    j["tables"].push_back(std::move(t));
+  // Only the options some point uses, in table order; index[t][old] is the stored index.
+  std::vector<std::vector<int>> index(f.tables.size());
+  for (std::size_t t = 0; t < f.tables.size(); ++t) index[t].assign(f.tables[t].size(), -1);
+  for (const auto& p : f.points) {
+    for (std::size_t i = 0; i < p.choice.size(); ++i) {
+      const int t = f.node_table[i];
+      if (t >= 0) index[static_cast<std::size_t>(t)][static_cast<std::size_t>(p.choice[i])] = 0;
+    }
+  }
+  for (std::size_t t = 0; t < f.tables.size(); ++t) {
+    nlohmann::json table = nlohmann::json::array();
+    int next = 0;
+    for (std::size_t o = 0; o < f.tables[t].size(); ++o) {
+      // A table nobody uses (no points) keeps its fastest option, so it is never empty.
+      if (index[t][o] < 0 && !(o == 0 && f.points.empty())) continue;
+      index[t][o] = next++;
+      table.push_back(option_to_json(f.tables[t][o]));
+    }
+    j["tables"].push_back(std::move(table));
   }
   for (const auto& p : f.points) {
     j["points"].push_back({{"iteration_time_s", p.time_s},
                            {"energy_j", p.energy_j},
                            {"dynamic_energy_j", p.dynamic_energy_j},
-                           {"choice", choice_to_json(f, p.choice)}});
+                           {"choice", choice_to_json(f, p.choice, index)}});
   }
   return j;
 }
@@ -287,10 +335,12 @@ void check_identity(const Fields& r, const nlohmann::json& j) {
   }
   const int version = r.get<int>(j, "version", "");
   if (version != kFrontierVersion) {
-    r.fail("version",
-           fmt::format("{} is not read by this build (it reads version {}): a frontier.json "
-                       "from before version 2 holds a plan per point; rerun `kareus optimize`",
-                       version, kFrontierVersion));
+    r.fail(
+        "version",
+        fmt::format(
+            "{} is not read by this build (it reads version {}): a frontier.json "
+            "of another version stores its tables and choices differently; rerun `kareus optimize`",
+            version, kFrontierVersion));
   }
   const auto stored = r.get<std::string>(j, "inputs_hash", "");
   const std::string actual = inputs_hash(j);

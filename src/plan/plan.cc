@@ -149,6 +149,7 @@ std::vector<std::pair<int, int>> PlanStage::clock_runs() const {
 InstructionSettings PlanInstruction::settings() const {
   InstructionSettings s;
   s.freq_mhz = freq_mhz;
+  s.sequential = sequential;
   for (const auto& [key, pp] : partitions) {
     s.partitions[key] = {freq_mhz, pp.sms, pp.slot};
     for (const auto& e : pp.mix) {
@@ -256,6 +257,8 @@ nlohmann::json Plan::to_json() const {
                            {"time_s", in.time_s},
                            {"dynamic_energy_j", in.dynamic_energy_j},
                            {"partitions", nlohmann::json::object()}};
+      // Only where it differs from the plan's execution (format v2 files stay as they were).
+      if (execution == ExecutionMode::kOverlapped && in.sequential) ij["execution"] = "sequential";
       for (const auto& [key, c] : in.partitions) {
         nlohmann::json pj = {{"sms", c.sms},
                              {"slot", c.slot},
@@ -398,6 +401,13 @@ PlanInstruction parse_instruction(const Reader& r, const nlohmann::json& ij, con
                        "its instructions one after another",
                        in.start_s, prev->start_s));
   }
+  if (ij.contains("execution")) {
+    const std::string ex = r.text(ij, "execution", ip);
+    if (ex != "sequential" && ex != "overlapped") {
+      r.fail(ip + ".execution", fmt::format("'{}': allowed: overlapped, sequential", ex));
+    }
+    in.sequential = ex == "sequential";
+  }
   const auto& parts = r.at(ij, "partitions", ip);
   if (!parts.is_object()) r.fail(ip + ".partitions", "expected an object keyed by partition");
   for (const auto& [key, c] : parts.items()) {
@@ -459,6 +469,11 @@ Plan Plan::from_json(const nlohmann::json& j, const std::string& source) {
   const auto& stages = r.array(j, "stages", "");
   for (std::size_t si = 0; si < stages.size(); ++si) {
     p.stages.push_back(parse_stage(r, stages[si], index_path("stages", si), p, tolerance_s));
+  }
+  if (p.execution == ExecutionMode::kSequential) {
+    for (auto& st : p.stages) {
+      for (auto& in : st.instructions) in.sequential = true;
+    }
   }
   return p;
 }
@@ -632,9 +647,12 @@ void check_stage(const Reader& r, const Plan& p, int s, const Workload& w, const
     const std::string ip = index_path(sp + ".instructions", i);
     const PlanInstruction* prev = i == 0 ? nullptr : &st.instructions[i - 1];
     check_instruction_clock(r, ip, in, prev, order[i], w.gpu());
-    if (p.execution == ExecutionMode::kSequential) {
+    if (p.execution == ExecutionMode::kSequential || in.sequential) {
       if (!in.partitions.empty()) {
-        r.fail(ip + ".partitions", "a sequential plan runs no partitions: expected {}");
+        r.fail(ip + ".partitions",
+               p.execution == ExecutionMode::kSequential
+                   ? "a sequential plan runs no partitions: expected {}"
+                   : "a sequential instruction runs no partitions: expected {}");
       }
       continue;
     }

@@ -98,6 +98,25 @@ Planner::Planner(const Workload& w, CachedProfiler& profiler, PlannerOptions o,
   }
 }
 
+// Adds to `table` each option of `other` that no option of `table` at its clock matches or
+// beats. Why: a table is Pareto-filtered across clocks, so an option at one clock can remove
+// another clock's. Points of another frontier (the uniform one under --per-layer, a baseline's)
+// are mapped onto this table's DAG at their own clocks, to keep their clock-switch stalls;
+// without that clock's option a mapped point moves to a costlier option or to another clock,
+// with other stalls, and the frontier could lose to the one it was mapped from.
+static void keep_clock_options(std::vector<InstructionOption>& table,
+                               const std::vector<InstructionOption>& uniform) {
+  const std::size_t n = table.size();
+  for (const InstructionOption& u : uniform) {
+    bool covered = false;
+    for (std::size_t j = 0; j < n && !covered; ++j) {
+      covered = table[j].freq_mhz == u.freq_mhz && table[j].time_s <= u.time_s &&
+                table[j].dynamic_energy_j <= u.dynamic_energy_j;
+    }
+    if (!covered) table.push_back(u);
+  }
+}
+
 // With one nano-batch per micro-batch nothing can overlap: each overlapped method plans as its
 // sequential counterpart (the clock per instruction is all that is left to choose).
 static Method sequential_counterpart(const Workload& w, Method m) {
@@ -114,6 +133,11 @@ const PartitionSet& Planner::sequential_partitions() {
     seq_ps_ = partition_workload(seq);
   }
   return *seq_ps_;
+}
+
+// Nanobatching's setting of a partition: NCCL's default CTA count, launched at the start.
+PartitionConfig Planner::baseline_config(const Partition& p, int freq_mhz) const {
+  return {freq_mhz, w_.gpu().nccl_default_channels, p.slots.front().name};
 }
 
 const std::vector<PartitionSearchSummary>& Planner::search_partitions() {
@@ -144,6 +168,20 @@ const std::vector<PartitionSearchSummary>& Planner::search_partitions() {
         fronts[f].push_back({r.points[k].config, m.time_s, m.dynamic_energy_j});
       }
     }
+    // The Nanobatching baseline's configuration (NCCL's default CTAs, launched at the partition
+    // start) at every clock, as the baseline measures it: with it among the candidates, every
+    // clock's front dominates the baseline's option, so Kareus never composes worse than
+    // Nanobatching(+Perseus), whatever the search missed. The same store rows as the
+    // baseline's, so they cost measurements only once per workload.
+    std::vector<PartitionConfig> anchors;
+    for (int f : freqs_) anchors.push_back(baseline_config(p, f));
+    const std::vector<Measurement> anchor_meas = profiler_.measure_batch(p, anchors);
+    for (std::size_t a = 0; a < anchors.size(); ++a) {
+      auto& front = fronts[anchors[a].freq_mhz];
+      front.push_back({anchors[a], anchor_meas[a].time_s, anchor_meas[a].dynamic_energy_j});
+      front = pareto_by_time_and_energy(std::move(front));
+    }
+    s.baseline_points = static_cast<int>(anchors.size());
     // Every clock needs at least one measured configuration: where the search left a clock
     // empty, measure the fastest configuration of the nearest clock that has one.
     for (int f : freqs_) {
@@ -190,19 +228,20 @@ static void prefetch_segments(CachedProfiler& prof, const PartitionSet& ps, int 
   prof.measure_segments(points);
 }
 
-std::vector<InstructionOption> Planner::instruction_options(Method m, int stage, InstructionKind k,
-                                                            bool per_instance) {
-  m = sequential_counterpart(w_, m);
-  const int fmax = *std::max_element(freqs_.begin(), freqs_.end());
+// The method's own composition at the given clocks, Pareto-filtered across them.
+std::vector<InstructionOption> Planner::compose_method(Method m, int stage, InstructionKind k,
+                                                       bool per_instance,
+                                                       const std::vector<int>& freqs_mhz) {
   ComposeOptions co;
   co.per_instance = per_instance;
-  const bool all_clocks =
-      m == Method::kKareus || m == Method::kNanobatchPerseus || m == Method::kPerseus;
-  co.freqs_mhz = all_clocks ? freqs_ : std::vector<int>{fmax};
+  co.freqs_mhz = freqs_mhz;
   SegmentCostFn seg = [this](const Segment& s, int f) { return segment_cost(s, f); };
   if (m == Method::kPerseus || m == Method::kMegatron) {
     prefetch_segments(profiler_, sequential_partitions(), stage, k, co.freqs_mhz);
-    return compose_instruction(sequential_partitions(), stage, k, {}, seg, co);
+    std::vector<InstructionOption> seq =
+        compose_instruction(sequential_partitions(), stage, k, {}, seg, co);
+    for (auto& o : seq) o.sequential = true;
+    return seq;
   }
   std::map<std::string, PartitionFronts> fronts;
   if (m == Method::kKareus || m == Method::kKareusMaxClock) {
@@ -214,9 +253,7 @@ std::vector<InstructionOption> Planner::instruction_options(Method m, int stage,
     // distributed profiling measures them side by side.
     for (const auto& p : ps_.partitions) {
       std::vector<PartitionConfig> configs;
-      for (int f : co.freqs_mhz) {
-        configs.push_back({f, w_.gpu().nccl_default_channels, p.slots.front().name});
-      }
+      for (int f : co.freqs_mhz) configs.push_back(baseline_config(p, f));
       const std::vector<Measurement> meas = profiler_.measure_batch(p, configs);
       for (std::size_t i = 0; i < configs.size(); ++i) {
         fronts[p.key][configs[i].freq_mhz] = {
@@ -228,7 +265,41 @@ std::vector<InstructionOption> Planner::instruction_options(Method m, int stage,
   return compose_instruction(ps_, stage, k, fronts, seg, co);
 }
 
-MethodFrontier Planner::frontier(Method m) { return frontier_layers(m); }
+std::vector<InstructionOption> Planner::instruction_options(Method m, int stage, InstructionKind k,
+                                                            bool per_instance) {
+  m = sequential_counterpart(w_, m);
+  const int fmax = *std::max_element(freqs_.begin(), freqs_.end());
+  const bool all_clocks =
+      m == Method::kKareus || m == Method::kNanobatchPerseus || m == Method::kPerseus;
+  std::vector<InstructionOption> table =
+      compose_method(m, stage, k, per_instance, all_clocks ? freqs_ : std::vector<int>{fmax});
+  // Honest fast end: the maximum-clock options stay in the table even where a lower clock
+  // dominates them (under the power cap the top clocks run at about the same effective clock,
+  // so measurement noise decides), so the method's maximum-clock plan is always a candidate
+  // (Planner::frontier adds it).
+  const std::vector<InstructionOption> top =
+      all_clocks ? compose_method(m, stage, k, per_instance, {fmax}) : table;
+  keep_clock_options(table, top);
+  if (m != Method::kKareus && m != Method::kKareusMaxClock) return table;
+  // Kareus's space holds both baselines' ways of running an instruction: nano-batched with
+  // NCCL's defaults (their measurements are among the searched fronts, search_partitions) and
+  // whole, kernels in sequence, where overlap does not pay (small GEMMs after the split, a
+  // collective with nothing to hide behind). Each instruction takes whichever is better, and
+  // the baselines' options stay available at their own clocks (keep_clock_options), so that
+  // every baseline plan maps onto Kareus's options with the same clock-switch stalls.
+  const bool fast_only = m == Method::kKareusMaxClock;
+  const std::vector<InstructionOption> seq =
+      instruction_options(fast_only ? Method::kMegatron : Method::kPerseus, stage, k, per_instance);
+  const std::vector<InstructionOption> nbp = instruction_options(
+      fast_only ? Method::kNanobatch : Method::kNanobatchPerseus, stage, k, per_instance);
+  std::vector<InstructionOption> all = table;
+  all.insert(all.end(), seq.begin(), seq.end());
+  table = pareto_filter(std::move(all));
+  keep_clock_options(table, top);
+  keep_clock_options(table, seq);
+  keep_clock_options(table, nbp);
+  return table;
+}
 
 const std::vector<InstructionOption>& MethodFrontier::node_options(std::size_t node) const {
   static const std::vector<InstructionOption> kNone;
@@ -270,10 +341,78 @@ static std::vector<int> map_uniform_choice(const MethodFrontier& uniform, const 
   return out;
 }
 
+namespace {
+
+// A choice evaluated with its clock-switch stalls, as every frontier point is.
+FrontierPoint evaluated_point(const MethodFrontier& f, std::vector<int> choice) {
+  const ClockSchedule sch = schedule_with_switches(f, choice, f.clock_switch_s);
+  return {sch.makespan_s, sch.energy_j, sch.dynamic_energy_j, std::move(choice)};
+}
+
+// The method's maximum-clock plan: every instruction at `fmax_mhz` with its fastest option
+// there (the table keeps them, instruction_options), so no clock changes.
+std::vector<int> max_clock_choice(const MethodFrontier& f, int fmax_mhz) {
+  std::vector<int> choice(f.dag.nodes.size(), 0);
+  for (std::size_t i = 0; i < choice.size(); ++i) {
+    const auto& opts = f.node_options(i);
+    const auto& dag_opts = f.dag.nodes[i].options;
+    int best = -1;
+    for (bool at_max : {true, false}) {
+      for (std::size_t j = 0; j < dag_opts.size(); ++j) {
+        if (at_max && !opts.empty() && opts[j].freq_mhz != fmax_mhz) continue;
+        if (best < 0 || dag_opts[j].time_s < dag_opts[static_cast<std::size_t>(best)].time_s) {
+          best = static_cast<int>(j);
+        }
+      }
+      if (best >= 0) break;
+    }
+    choice[i] = std::max(best, 0);
+  }
+  return choice;
+}
+
+// The frontiers whose plans a method's options contain (instruction_options): Kareus holds
+// both baselines' and its own ablation's, the ablation those at the maximum clock.
+std::vector<Method> contained_methods(Method m) {
+  if (m == Method::kKareus) {
+    return {Method::kPerseus, Method::kNanobatchPerseus, Method::kKareusMaxClock};
+  }
+  if (m == Method::kKareusMaxClock) return {Method::kMegatron, Method::kNanobatch};
+  return {};
+}
+
+}  // namespace
+
+// The solver is exact only on the convex envelope of each node's options (phillips_dessouky.cc)
+// and the clock holds are a heuristic, so the frontier also takes, as candidates, plans known to
+// lie in the method's space: its maximum-clock plan (frontier_layers: so its fastest point is
+// never slower than running it at the maximum clock), and for Kareus every point of the
+// frontiers whose options its own contain, mapped onto its options at the same clocks (so the
+// same stalls). The result never loses to those frontiers, by construction rather than by a
+// fallback to their plans.
+MethodFrontier Planner::frontier(Method m) {
+  if (auto it = frontiers_.find(m); it != frontiers_.end()) return it->second;
+  MethodFrontier mf = frontier_layers(m);
+  for (Method c : contained_methods(m)) {
+    const MethodFrontier other = frontier(c);
+    for (const FrontierPoint& p : other.points) {
+      mf.points.push_back(evaluated_point(mf, map_uniform_choice(other, mf, p.choice, true)));
+    }
+  }
+  mf.points = pareto_frontier(mf.points);
+  return frontiers_.emplace(m, std::move(mf)).first->second;
+}
+
 MethodFrontier Planner::frontier_layers(Method m) {
+  const int fmax = *std::max_element(freqs_.begin(), freqs_.end());
+  auto add_max_clock_plan = [fmax](MethodFrontier& f) {
+    f.points.push_back(evaluated_point(f, max_clock_choice(f, fmax)));
+    f.points = pareto_frontier(f.points);
+  };
   if (!o_.per_layer) {
     MethodFrontier mf = frontier_with(m);
     apply_clock_switch_cost(mf);
+    add_max_clock_plan(mf);
     return mf;
   }
   // Per-layer choices are a superset of uniform ones, but the solver is a heuristic on
@@ -296,32 +435,14 @@ MethodFrontier Planner::frontier_layers(Method m) {
   mf.points = pareto_frontier(mf.points);
   apply_clock_switch_cost(mf);
   apply_clock_switch_cost(uniform);
+  add_max_clock_plan(uniform);  // the uniform frontier as `frontier` would return it
   for (const FrontierPoint& up : uniform.points) {
     std::vector<int> choice = map_uniform_choice(uniform, mf, up.choice, true);
     const ClockSchedule sch = schedule_with_switches(mf, choice, mf.clock_switch_s);
     mf.points.push_back({sch.makespan_s, sch.energy_j, sch.dynamic_energy_j, std::move(choice)});
   }
-  mf.points = pareto_frontier(mf.points);
+  add_max_clock_plan(mf);
   return mf;
-}
-
-// Adds to a per-layer table each uniform option that no option at its clock matches or beats.
-// Why: the per-layer table is Pareto-filtered across clocks, so a mix at one clock can remove
-// another clock's uniform option. frontier_layers maps the uniform frontier's points onto the
-// per-layer DAG at their own clocks (to keep their clock-switch stalls); without that clock's
-// option the mapped point moves to a costlier one or to another clock, with other stalls, and
-// the per-layer frontier could lose to the uniform one.
-static void keep_uniform_options(std::vector<InstructionOption>& table,
-                                 const std::vector<InstructionOption>& uniform) {
-  const std::size_t n = table.size();
-  for (const InstructionOption& u : uniform) {
-    bool covered = false;
-    for (std::size_t j = 0; j < n && !covered; ++j) {
-      covered = table[j].freq_mhz == u.freq_mhz && table[j].time_s <= u.time_s &&
-                table[j].dynamic_energy_j <= u.dynamic_energy_j;
-    }
-    if (!covered) table.push_back(u);
-  }
 }
 
 // Instruction options of every (stage, kind), then the costs of messages and reductions: one
@@ -338,7 +459,7 @@ void Planner::compose_tables(MethodFrontier& mf,
       const std::size_t t = 2 * static_cast<std::size_t>(s) + static_cast<std::size_t>(k);
       auto& table = mf.tables[t];
       table = instruction_options(mf.method, s, k, uniform != nullptr);
-      if (uniform) keep_uniform_options(table, (*uniform)[t]);
+      if (uniform) keep_clock_options(table, (*uniform)[t]);
       if (table.empty()) {
         throw InternalError(fmt::format("no option for {} on stage {}", to_string(k), s));
       }
@@ -886,6 +1007,7 @@ PlanInstruction plan_instruction(const PartitionSet& ps, const DagNode& n,
   in.start_s = sch.start_s[i];
   in.end_s = sch.end_s[i];
   in.clock_switch = sch.clock_switch[i];
+  in.sequential = o.sequential;
   for (const auto& [key, c] : o.partitions) {
     auto cnt = counts.find(key);
     auto mix = o.mixes.find(key);

@@ -288,6 +288,13 @@ int kareus_plan_instruction(const kareus_plan* plan, int index, kareus_instructi
   });
 }
 
+int kareus_plan_instruction_sequential(const kareus_plan* plan, int index, int* sequential) {
+  return guarded(__func__, [&] {
+    need(sequential, "sequential");
+    *sequential = need(plan, "plan")->instruction(index).sequential ? 1 : 0;
+  });
+}
+
 int kareus_plan_find_instruction(const kareus_plan* plan, int kind, int microbatch, int* index) {
   return guarded(__func__, [&] {
     need(index, "index");

@@ -1,6 +1,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 #include "kareus/error.h"
 #include "kareus/search_space.h"
 
@@ -36,6 +38,13 @@ SearchSpace make_search_space(const Partition& p, const GpuSpec& gpu, const Spac
   SearchSpace s;
   s.freqs_mhz = o.freqs_mhz.empty() ? gpu.search_freqs_mhz() : o.freqs_mhz;
   s.sms = o.sms.empty() ? default_collective_sms(p.collective.collective) : o.sms;
+  // NCCL's default CTA count is the Nanobatching baseline's setting: the space must hold it so
+  // that Kareus's options contain the baseline's (H100's 32 CTAs lie outside every grid).
+  const int nccl_default = gpu.nccl_default_channels;
+  if (o.sms.empty() && nccl_default >= 1 && nccl_default <= kMaxCollectiveSms &&
+      std::find(s.sms.begin(), s.sms.end(), nccl_default) == s.sms.end()) {
+    s.sms.insert(std::upper_bound(s.sms.begin(), s.sms.end(), nccl_default), nccl_default);
+  }
   s.slots = p.slot_names();
   for (int f : s.freqs_mhz) {
     gpu.require_freq(f, fmt::format("frequency {} MHz", f));

@@ -246,7 +246,27 @@ class Builder {
                       CommGroup::kCp, kv_full);
   }
 
-  // ---- Forward blocks of one layer.
+  // A norm step (residual add and RMSNorm, or their backward), the start of block `b`; under
+  // sequence parallelism a block of its own named `name`, ending in the TP AllGather, appended
+  // to `out` before `b`.
+  void norm_entry_into(std::vector<Block>& out, Block& b, const char* name, Kernel first,
+                       Kernel second) const {
+    Block own;
+    Block& target = p_.sequence_parallel ? own : b;
+    target.slots.push_back({"norm", static_cast<int>(target.ops.size())});
+    target.ops.push_back(std::move(first));
+    target.ops.push_back(std::move(second));
+    if (!p_.sequence_parallel) return;
+    own.name = name;
+    own.direction = b.direction;
+    own.recompute = b.recompute;
+    own.collective = tp_entry("tp_allgather");
+    out.push_back(std::move(own));
+  }
+
+  // ---- Forward blocks of one layer. Under sequence parallelism the norms run on the
+  // sequence-sharded tokens between the TP ReduceScatter and AllGather (their own small blocks
+  // here; fold_small_blocks moves them onto the communication chain).
   std::vector<Block> forward_layer(bool recompute) const {
     std::vector<Block> out;
     const bool cp = p_.cp > 1;
@@ -262,6 +282,9 @@ class Builder {
       if (slot) b.slots.push_back({slot, static_cast<int>(b.ops.size())});
       b.ops.push_back(std::move(k));
     };
+    auto norm_entry = [&](Block& b, const char* block_name) {
+      norm_entry_into(out, b, block_name, residual_add("residual_add"), rmsnorm("rmsnorm"));
+    };
     const double qkv_n = q_cols_ + 2.0 * kv_cols_;
     const double qk_elems = tokens_ * (q_cols_ + kv_cols_);
     auto qkv_ops = [&](Block& b, const char* gemm_slot) {
@@ -269,57 +292,34 @@ class Builder {
       if (m_.qk_norm) add(b, elementwise("qk_norm", OpKind::kNorm, qk_elems, 4, 1, 1));
       add(b, elementwise("rope", OpKind::kElementwise, qk_elems, 3, 1, 1), "rope");
     };
-    if (sp) {
-      Block n1 = mk("attn_norm");
-      add(n1, residual_add("residual_add"), "norm");
-      add(n1, rmsnorm("rmsnorm"));
-      n1.collective = tp_entry("tp_allgather");
-      Block at = mk("attn");
-      qkv_ops(at, "qkv");
-      add(at, attention(false), "attn");
-      add(at, fwd_gemm("out_proj", h_, q_cols_));
-      at.collective = tp_exit("tp_reducescatter");
-      Block n2 = mk("mlp_norm");
-      add(n2, residual_add("residual_add"), "norm");
-      add(n2, rmsnorm("rmsnorm"));
-      n2.collective = tp_entry("tp_allgather");
-      Block ml = mk("mlp");
-      add(ml, fwd_gemm("fc1", 2.0 * f_, h_), "linear");
-      add(ml, elementwise("swiglu", OpKind::kElementwise, tokens_ * f_, 5, 2, 1), "activation");
-      add(ml, fwd_gemm("fc2", h_, f_));
-      ml.collective = tp_exit("tp_reducescatter");
-      out = {n1, at, n2, ml};
-    } else if (cp) {
+    const char* exit_name = sp ? "tp_reducescatter" : "tp_allreduce";
+    if (cp) {
       Block q = mk("qkv");
-      add(q, residual_add("residual_add"), "norm");
-      add(q, rmsnorm("rmsnorm"));
+      norm_entry(q, "attn_norm");
       qkv_ops(q, "linear");
       q.collective = kv_gather("cp_allgather_kv", false);
+      out.push_back(std::move(q));
       Block ao = mk("ao");
       add(ao, attention(false), "attn");
       add(ao, fwd_gemm("out_proj", h_, q_cols_), "linear");
-      ao.collective = tp_exit("tp_allreduce");
-      out = {q, ao};
+      ao.collective = tp_exit(exit_name);
+      out.push_back(std::move(ao));
     } else {
       Block at = mk("attn");
-      add(at, residual_add("residual_add"), "norm");
-      add(at, rmsnorm("rmsnorm"));
+      norm_entry(at, "attn_norm");
       qkv_ops(at, "qkv");
       add(at, attention(false), "attn");
       add(at, fwd_gemm("out_proj", h_, q_cols_));
-      at.collective = tp_exit("tp_allreduce");
-      out = {at};
+      at.collective = tp_exit(exit_name);
+      out.push_back(std::move(at));
     }
-    if (!sp) {
-      Block ml = mk("mlp");
-      add(ml, residual_add("residual_add"), "norm");
-      add(ml, rmsnorm("rmsnorm"));
-      add(ml, fwd_gemm("fc1", 2.0 * f_, h_), "linear");
-      add(ml, elementwise("swiglu", OpKind::kElementwise, tokens_ * f_, 5, 2, 1), "activation");
-      add(ml, fwd_gemm("fc2", h_, f_));
-      ml.collective = tp_exit("tp_allreduce");
-      out.push_back(ml);
-    }
+    Block ml = mk("mlp");
+    norm_entry(ml, "mlp_norm");
+    add(ml, fwd_gemm("fc1", 2.0 * f_, h_), "linear");
+    add(ml, elementwise("swiglu", OpKind::kElementwise, tokens_ * f_, 5, 2, 1), "activation");
+    add(ml, fwd_gemm("fc2", h_, f_));
+    ml.collective = tp_exit(exit_name);
+    out.push_back(std::move(ml));
     return out;
   }
 
@@ -337,29 +337,27 @@ class Builder {
       if (slot) b.slots.push_back({slot, static_cast<int>(b.ops.size())});
       b.ops.push_back(std::move(k));
     };
+    std::vector<Block> out;
+    // The norm backward of the layer above (after its gradient's AllReduce) and the residual
+    // gradient.
+    auto norm_entry = [&](Block& b, const char* block_name) {
+      norm_entry_into(out, b, block_name, rmsnorm_bwd("rmsnorm_bwd"),
+                      residual_add("residual_grad_add"));
+    };
     const double qkv_n = q_cols_ + 2.0 * kv_cols_;
     const double qk_elems = tokens_ * (q_cols_ + kv_cols_);
     // The input gradient of a column-parallel GEMM is AllReduced (ReduceScatter with SP).
-    auto tp_grad = [&](const std::string& name) { return tp_exit(name); };
+    const char* exit_name = sp ? "tp_reducescatter" : "tp_allreduce";
 
-    std::vector<Block> out;
-    Block ml = mk("mlp");
-    add(ml, rmsnorm_bwd("rmsnorm_bwd"), "norm");  // norm of the layer above, after its AllReduce
-    add(ml, residual_add("residual_grad_add"));
-    if (sp) {
-      ml.collective = tp_entry("tp_allgather");
-      out.push_back(ml);
-      ml = mk("mlp_gemm");
-      add(ml, dgrad("fc2", h_, f_), "linear");
-    } else {
-      add(ml, dgrad("fc2", h_, f_), "linear");
-    }
+    Block ml = mk(sp ? "mlp_gemm" : "mlp");
+    norm_entry(ml, "mlp");
+    add(ml, dgrad("fc2", h_, f_), "linear");
     add(ml, wgrad("fc2", h_, f_));
     add(ml, elementwise("swiglu_bwd", OpKind::kElementwise, tokens_ * f_, 8, 3, 2), "activation");
     add(ml, dgrad("fc1", 2.0 * f_, h_));
     add(ml, wgrad("fc1", 2.0 * f_, h_));
-    ml.collective = tp_grad(sp ? "tp_reducescatter" : "tp_allreduce");
-    out.push_back(ml);
+    ml.collective = tp_exit(exit_name);
+    out.push_back(std::move(ml));
 
     auto qkv_tail = [&](Block& b) {
       add(b, elementwise("rope_bwd", OpKind::kElementwise, qk_elems, 3, 1, 1), "rope");
@@ -369,37 +367,28 @@ class Builder {
     };
     if (cp) {
       Block o = mk("o");
-      add(o, rmsnorm_bwd("rmsnorm_bwd"), "norm");
-      add(o, residual_add("residual_grad_add"));
+      norm_entry(o, "o_norm");
       add(o, dgrad("out_proj", h_, q_cols_), "linear");
       add(o, wgrad("out_proj", h_, q_cols_));
       o.collective = kv_gather("cp_allgather_kv", false);  // K,V again for attention backward
+      out.push_back(std::move(o));
       Block a = mk("a");
       add(a, attention(true), "attn");
       a.collective = kv_gather("cp_reducescatter_dkv", true);
+      out.push_back(std::move(a));
       Block q = mk("qkv");
       qkv_tail(q);
-      q.collective = tp_grad("tp_allreduce");
-      out.push_back(o);
-      out.push_back(a);
-      out.push_back(q);
+      q.collective = tp_exit(exit_name);
+      out.push_back(std::move(q));
     } else {
-      Block at = mk(sp ? "attn_norm" : "attn");
-      add(at, rmsnorm_bwd("rmsnorm_bwd"), "norm");
-      add(at, residual_add("residual_grad_add"));
-      if (sp) {
-        at.collective = tp_entry("tp_allgather");
-        out.push_back(at);
-        at = mk("attn");
-        add(at, dgrad("out_proj", h_, q_cols_), "linear");
-      } else {
-        add(at, dgrad("out_proj", h_, q_cols_), "linear");
-      }
+      Block at = mk("attn");
+      norm_entry(at, "attn_norm");
+      add(at, dgrad("out_proj", h_, q_cols_), "linear");
       add(at, wgrad("out_proj", h_, q_cols_));
       add(at, attention(true), "attn");
       qkv_tail(at);
-      at.collective = tp_grad(sp ? "tp_reducescatter" : "tp_allreduce");
-      out.push_back(at);
+      at.collective = tp_exit(exit_name);
+      out.push_back(std::move(at));
     }
     return out;
   }
@@ -467,6 +456,35 @@ class Builder {
          vocab_ = 0;
 };
 
+bool uses_tensor_cores(const Block& b) {
+  for (const auto& k : b.ops) {
+    if (k.kind == OpKind::kGemm || k.kind == OpKind::kAttention) return true;
+  }
+  return false;
+}
+
+// Folds every block without tensor-core work (a residual add and norm between a ReduceScatter and
+// an AllGather under sequence parallelism) into the communication chain of the block before it:
+// such a block is too short to hide a collective behind, so with nano-batches it would leave two
+// collectives exposed per norm. The kernel order of one nano-batch is unchanged, so sequential
+// execution runs exactly the same kernels. The first block of an instruction stays (nothing
+// precedes it).
+std::vector<Block> fold_small_blocks(std::vector<Block> blocks) {
+  std::vector<Block> out;
+  out.reserve(blocks.size());
+  for (auto& b : blocks) {
+    if (!out.empty() && !uses_tensor_cores(b)) {
+      auto& tail = out.back().comm_tail;
+      tail.insert(tail.end(), b.ops.begin(), b.ops.end());
+      tail.push_back(std::move(b.collective));
+      tail.insert(tail.end(), b.comm_tail.begin(), b.comm_tail.end());
+      continue;
+    }
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
 double sum_model_flops(const std::vector<Kernel>& ks, bool include_recompute, bool recompute) {
   if (recompute && !include_recompute) return 0.0;
   double s = 0;
@@ -476,6 +494,7 @@ double sum_model_flops(const std::vector<Kernel>& ks, bool include_recompute, bo
 
 double instruction_model_flops(const InstructionGraph& ig, bool include_recompute) {
   double per_nb = 0;
+  // Communication tails hold no tensor-core work (fold_small_blocks), so no model FLOPs.
   for (const auto& b : ig.blocks) per_nb += sum_model_flops(b.ops, include_recompute, b.recompute);
   return per_nb * ig.nano_batches + sum_model_flops(ig.prologue, true, false) +
          sum_model_flops(ig.epilogue, true, false);
@@ -509,6 +528,8 @@ KernelGraph build_kernel_graph(const Workload& w) {
       if (recompute) sg.backward.blocks.insert(sg.backward.blocks.end(), rec.begin(), rec.end());
       sg.backward.blocks.insert(sg.backward.blocks.end(), bwd.begin(), bwd.end());
     }
+    sg.forward.blocks = fold_small_blocks(std::move(sg.forward.blocks));
+    sg.backward.blocks = fold_small_blocks(std::move(sg.backward.blocks));
     if (s == 0) {
       sg.forward.prologue = micro.embedding_forward();
       sg.backward.epilogue = micro.embedding_backward();

@@ -103,16 +103,21 @@ TEST(Emulator, RooflineByHand) {
   EXPECT_NEAR(h.time_s - prm.launch_overhead_s, 2 * (expect - prm.launch_overhead_s), 1e-9);
 }
 
+Kernel ring_collective(const char* name, CollectiveKind kind, int group_size, double bytes) {
+  Kernel c;
+  c.name = name;
+  c.kind = OpKind::kCollective;
+  c.collective = kind;
+  c.group_size = group_size;
+  c.payload_bytes = bytes;
+  return c;
+}
+
 TEST(Emulator, RingAllReduceByHand) {
   const auto& gpu = gpu_by_name("a100-sxm4-40gb");
   EmulatorParams prm;
   const EmulatorModel m(gpu, prm);
-  Kernel c;
-  c.name = "ar";
-  c.kind = OpKind::kCollective;
-  c.collective = CollectiveKind::kAllReduce;
-  c.group_size = 8;
-  c.payload_bytes = 256e6;
+  const Kernel c = ring_collective("ar", CollectiveKind::kAllReduce, 8, 256e6);
   // 24 CTAs saturate the 230 GB/s ring: time = latency + 2*7/8*256 MB / 230 GB/s.
   const double link = 230e9;
   const double expect = prm.collective_latency_s + 2.0 * 7 / 8 * 256e6 / link;
@@ -121,6 +126,48 @@ TEST(Emulator, RingAllReduceByHand) {
   const double per_cta = 230e9 / prm.nccl_sms_to_saturate;
   const double expect4 = (2.0 * 7 / 8 * 256e6 + prm.collective_latency_s * link) / (4 * per_cta);
   EXPECT_NEAR(m.simulate_sequence({c}, 1410, 4).time_s, expect4, 1e-9);
+}
+
+// A communication chain (sequence parallelism: RS, then the norm on the shard, then AG).
+// Alone (nothing to overlap) it takes exactly its three kernels one after another, the norm on
+// the whole GPU; under a GEMM it takes at least the longer of the two and at most their sum,
+// and the chain costs more than its first collective alone.
+TEST(Emulator, CommunicationChainByHand) {
+  const auto& gpu = gpu_by_name("a100-sxm4-40gb");
+  EmulatorParams prm;
+  prm.power_limit_w = 1e4;  // no capping: the sequence caps per kernel, the overlap per call
+  const EmulatorModel m(gpu, prm);
+  const Kernel rs = ring_collective("rs", CollectiveKind::kReduceScatter, 4, 100e6);
+  const Kernel ag = ring_collective("ag", CollectiveKind::kAllGather, 4, 100e6);
+  Kernel norm;
+  norm.name = "rmsnorm";
+  norm.kind = OpKind::kNorm;
+  norm.flops = 4 * 12.5e6;
+  norm.bytes_read = norm.bytes_written = 2 * 12.5e6;
+  const std::vector<Kernel> tail = {norm, ag};
+  for (int sms : {4, 16, 24}) {
+    const SimResult chain = m.simulate_overlap({}, &rs, 0, sms, 1200, tail);
+    const SimResult seq = m.simulate_sequence({rs, norm, ag}, 1200, sms);
+    EXPECT_NEAR(chain.time_s, seq.time_s, 1e-12 * seq.time_s) << sms;
+    EXPECT_NEAR(chain.dynamic_energy_j, seq.dynamic_energy_j, 1e-9 * seq.dynamic_energy_j) << sms;
+    EXPECT_NEAR(chain.collective_end_s, chain.time_s, 1e-15);
+    const Kernel g = test::big_gemm();
+    const double gemm = m.simulate_sequence({g}, 1200, sms).time_s;
+    const SimResult both = m.simulate_overlap({g}, &rs, 0, sms, 1200, tail);
+    EXPECT_GE(both.time_s, std::max(gemm, seq.time_s)) << sms;
+    EXPECT_LE(both.time_s, gemm + seq.time_s) << sms;
+    EXPECT_GT(both.collective_end_s, m.simulate_overlap({g}, &rs, 0, sms, 1200).collective_end_s)
+        << sms;
+  }
+  // A partition carries its chain: simulate_partition runs the tail too.
+  Partition p;
+  p.key = "x";
+  p.compute_ops = {test::big_gemm()};
+  p.slots = {{"start", 0}};
+  p.collective = rs;
+  p.comm_tail = tail;
+  EXPECT_DOUBLE_EQ(m.simulate_partition(p, {1200, 16, "start"}).time_s,
+                   m.simulate_overlap(p.compute_ops, &rs, 0, 16, 1200, tail).time_s);
 }
 
 TEST(Emulator, VoltageCurveHasFloor) {

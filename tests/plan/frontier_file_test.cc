@@ -56,7 +56,14 @@ TEST(FrontierFile, StoredPointsMaterializeToTheSamePlans) {
     EXPECT_EQ(g.dag.nodes.size(), f.dag.nodes.size());
     EXPECT_EQ(g.dag.edges, f.dag.edges);
     for (std::size_t i = 0; i < f.points.size(); ++i) {
-      EXPECT_EQ(g.points[i].choice, f.points[i].choice) << to_string(m) << " point " << i;
+      // The file keeps only the options some point uses, renumbered: the same options chosen.
+      ASSERT_EQ(g.points[i].choice.size(), f.points[i].choice.size());
+      for (std::size_t n = 0; n < f.points[i].choice.size(); ++n) {
+        const auto& want = f.dag.nodes[n].options[static_cast<std::size_t>(f.points[i].choice[n])];
+        const auto& got = g.dag.nodes[n].options[static_cast<std::size_t>(g.points[i].choice[n])];
+        EXPECT_EQ(got.time_s, want.time_s) << to_string(m) << " point " << i << " node " << n;
+        EXPECT_EQ(got.energy_j, want.energy_j) << to_string(m) << " point " << i << " node " << n;
+      }
       EXPECT_EQ(g.points[i].time_s, f.points[i].time_s);
       EXPECT_EQ(g.points[i].energy_j, f.points[i].energy_j);
       const nlohmann::json a = s.planner.make_plan(f, i, "goal").to_json();
@@ -74,10 +81,33 @@ TEST(FrontierFile, CompactChoicesNotPlans) {
   const auto& k = s.j["methods"]["kareus"];
   const int pp = s.w.parallel.pp, mbs = s.w.batch.micro_batches;
   ASSERT_EQ(k["tables"].size(), static_cast<std::size_t>(2 * pp));
+  // A stage's runs cover its 1F1B order (F and B of every micro-batch) exactly, in fewer
+  // entries than instructions (a steady phase repeats); the tables keep fewer options than the
+  // planner's (only those the points use).
+  std::size_t runs = 0, instructions = 0;
   for (const auto& p : k["points"]) {
     ASSERT_EQ(p["choice"].size(), static_cast<std::size_t>(pp));
-    for (const auto& stage : p["choice"]) EXPECT_EQ(stage.size(), 2u * mbs);  // 1F1B: F and B
+    for (std::size_t st = 0; st < p["choice"].size(); ++st) {
+      int covered = 0;
+      for (const auto& run : p["choice"][st]) {
+        ASSERT_EQ(run.size(), 2u);
+        EXPECT_GE(run[1].get<int>(), 1);
+        covered += run[1].get<int>();
+        ++runs;
+      }
+      EXPECT_EQ(covered, 2 * mbs);
+      instructions += 2u * static_cast<std::size_t>(mbs);
+    }
   }
+  EXPECT_LT(runs, instructions);
+  const auto& full = s.f.at(Method::kKareus).tables;
+  std::size_t stored_options = 0, planner_options = 0;
+  for (std::size_t t = 0; t < full.size(); ++t) {
+    stored_options += k["tables"][t].size();
+    planner_options += full[t].size();
+    EXPECT_LE(k["tables"][t].size(), full[t].size());
+  }
+  EXPECT_LT(stored_options, planner_options);
 }
 
 TEST(FrontierFile, EditedStaleOrForeignFilesAreRefused) {
@@ -103,7 +133,7 @@ TEST(FrontierFile, EditedStaleOrForeignFilesAreRefused) {
   refused(opts, "options.json", "inputs_hash", "rerun `kareus optimize`");
   nlohmann::json old = s.j;
   old["version"] = 1;
-  refused(old, "old.json", "version", "holds a plan per point");
+  refused(old, "old.json", "version", "stores its tables and choices differently");
   refused(nlohmann::json::object(), "empty.json", "format", "kareus-frontier");
   // Another workload beside the frontier.
   const std::string good = tmp.write("good.json", s.j.dump());

@@ -10,6 +10,7 @@
 
 #include "kareus/calibrate.h"
 #include "kareus/error.h"
+#include "kareus/evaluate.h"
 #include "kareus/planner.h"
 #include "test_util.h"
 
@@ -47,6 +48,129 @@ TEST(Plan, ReplayMatchesPredictionOnEveryPaperWorkload) {
     }
   }
   EXPECT_LT(sum_dev / n_dev, 0.006) << "mean deviation " << sum_dev / n_dev;
+}
+
+// Kareus's options contain both baselines' (NCCL's defaults measured at every clock, and the
+// instruction run whole where overlap does not pay), and its frontier takes their plans as
+// candidates: it never needs more energy than either at any deadline, and no method's fastest
+// point is slower than running it at the maximum clock. By construction, so it holds even when
+// the search measures almost nothing (8 random points per partition) and on a job where most
+// instructions are best run without overlap (the functional test's 32-token model).
+TEST(Plan, KareusContainsTheBaselinesEvenWithATinySearch) {
+  for (const std::string& file :
+       {test::source_path("workloads/examples/llama3.2-3b_h100_tp4_sp_dp2.yaml"),
+        test::source_path("tests/runtime/data/tiny_tp2_pp2.yaml")}) {
+    const Workload w = load_workload(file);
+    EmulatorProfiler prof(test::emulator_options(w.gpu_name));
+    CachedProfiler cp(prof, nullptr);
+    PlannerOptions o;
+    o.strategy = "random";
+    o.search.budget = 8;
+    Planner planner(w, cp, o);
+    auto summary = [&](Method m) {
+      std::vector<FrontierSummaryPoint> v;
+      for (const auto& p : planner.frontier(m).points) v.push_back({p.time_s, p.energy_j, ""});
+      return v;
+    };
+    const auto kareus = summary(Method::kKareus);
+    for (Method b : {Method::kPerseus, Method::kNanobatchPerseus}) {
+      const FrontierLoss l = frontier_loss(kareus, summary(b), to_string(b));
+      EXPECT_GT(l.deadlines, 0) << file;
+      EXPECT_EQ(l.lost, 0) << file << " vs " << to_string(b) << ": up to " << l.worst_excess_pct
+                           << "%";
+    }
+    auto fastest = [](const std::vector<FrontierSummaryPoint>& v) {
+      double t = 1e300;
+      for (const auto& p : v) t = std::min(t, p.iteration_time_s);
+      return t;
+    };
+    const double megatron = fastest(summary(Method::kMegatron));
+    const double nanobatch = fastest(summary(Method::kNanobatch));
+    EXPECT_LE(fastest(summary(Method::kPerseus)), megatron * (1 + 1e-12)) << file;
+    EXPECT_LE(fastest(summary(Method::kNanobatchPerseus)), nanobatch * (1 + 1e-12)) << file;
+    EXPECT_LE(fastest(kareus), std::min(nanobatch, megatron) * (1 + 1e-12)) << file;
+    EXPECT_LE(fastest(kareus), fastest(summary(Method::kKareusMaxClock)) * (1 + 1e-12)) << file;
+  }
+}
+
+// An overlapped plan may run single instructions whole: the plan says so per instruction, the
+// replay costs them on the workload without nano-batches (Perseus's instruction at that clock),
+// and a partition setting on such an instruction is refused.
+TEST(Plan, SequentialInstructionsInAnOverlappedPlan) {
+  const Workload w = load_workload(test::source_path("tests/runtime/data/tiny_tp2_pp2.yaml"));
+  EmulatorProfiler prof(test::emulator_options(w.gpu_name));
+  CachedProfiler cp(prof, nullptr);
+  PlannerOptions o;
+  o.clock_switch_s = 0;
+  Planner planner(w, cp, o);
+  const MethodFrontier f = planner.frontier(Method::kKareus);
+  const Plan p = planner.make_plan(f, 0, "test");
+  ASSERT_EQ(p.execution, ExecutionMode::kOverlapped);
+  int sequential = 0, overlapped = 0;
+  const EmulatorModel model(w.gpu());
+  Workload whole = w;
+  whole.batch.nano_batches = 1;
+  const PartitionSet seq_ps = partition_workload(whole);
+  for (const auto& st : p.stages) {
+    for (const auto& in : st.instructions) {
+      if (!in.sequential) {
+        ++overlapped;
+        EXPECT_FALSE(in.partitions.empty());
+        continue;
+      }
+      ++sequential;
+      EXPECT_TRUE(in.partitions.empty());
+      // Its replayed cost is the sequential instruction's at its clock.
+      InstructionSettings set;
+      set.freq_mhz = in.freq_mhz;
+      const InstructionCost c =
+          emulate_instruction(seq_ps, model, ExecutionMode::kSequential, st.stage, in.kind, set);
+      EXPECT_GT(c.time_s, 0);
+      EXPECT_NEAR(in.time_s, c.time_s, 0.05 * c.time_s);  // a noisy measurement of it
+    }
+  }
+  EXPECT_GT(sequential, 0);
+  EXPECT_GT(overlapped, 0);
+  // The JSON says so per instruction and reads back the same.
+  const nlohmann::json j = p.to_json();
+  const Plan back = Plan::from_json(j, "plan.json");
+  EXPECT_EQ(back.to_json().dump(), j.dump());
+  bool seen = false;
+  for (const auto& st : j["stages"]) {
+    for (const auto& in : st["instructions"]) {
+      if (in.value("execution", "") == "sequential") seen = true;
+    }
+  }
+  EXPECT_TRUE(seen);
+  EXPECT_NO_THROW(validate_plan(back, w, "plan.json"));
+  // A sequential instruction with a partition setting is refused, naming the field.
+  nlohmann::json bad = j;
+  [&bad] {
+    for (auto& st : bad["stages"]) {
+      for (auto& in : st["instructions"]) {
+        if (in.value("execution", "") != "sequential") continue;
+        in["partitions"]["fwd_attn"] = {{"sms", 8},
+                                        {"slot", "norm"},
+                                        {"launch_before", {{"op", "residual_add"}, {"index", 0}}},
+                                        {"recompute", false},
+                                        {"instances", 1}};
+        return;
+      }
+    }
+  }();
+  try {
+    validate_plan(Plan::from_json(bad, "bad.json"), w, "bad.json");
+    ADD_FAILURE() << "accepted";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("a sequential instruction runs no partitions"),
+              std::string::npos)
+        << e.what();
+  }
+  // The replay agrees with the prediction (the same rule per instruction).
+  const IterationResult r = emulate_iteration(
+      w, model, p.execution, [&](int s, InstructionKind k, int mb) { return p.settings(s, k, mb); },
+      0.0);
+  EXPECT_NEAR(r.iteration_time_s / p.iteration_time_s, 1.0, 0.03);
 }
 
 TEST(Plan, PerseusFrontierMeetsCalibrationEnds) {

@@ -52,6 +52,11 @@ class PlanTest(unittest.TestCase):
                 self.assertEqual((g.kind, g.microbatch, g.freq_mhz),
                                  (w["instruction"], w["microbatch"], w["freq_mhz"]))
                 self.assertEqual(sorted(g.partitions), sorted(w["partitions"]))
+                # Sequential exactly where the JSON says so; such an instruction has no
+                # partitions.
+                self.assertEqual(g.sequential, w.get("execution") == "sequential")
+                if g.sequential:
+                    self.assertEqual(len(g.partitions), 0)
                 for key, p in g.partitions.items():
                     wp = w["partitions"][key]
                     self.assertEqual((p.sms, p.slot, p.slot_op),
@@ -77,7 +82,10 @@ class PlanTest(unittest.TestCase):
         self.assertIsInstance(cm.exception, kareus.Error)
         bad = dict(PLAN_JSON)
         bad["stages"] = json.loads(json.dumps(PLAN_JSON["stages"]))
-        bad["stages"][0]["instructions"][0]["partitions"]["fwd_attn"]["slot"] = "nowhere"
+        # The first overlapped instruction (the plan runs most of this tiny model sequentially).
+        ins = next(i for s in bad["stages"] for i in s["instructions"] if i["partitions"])
+        key = next(iter(ins["partitions"]))
+        ins["partitions"][key]["slot"] = "nowhere"
         path = os.path.join(ARGS.workdir, "bad_slot.json")
         with open(path, "w") as f:
             json.dump(bad, f)

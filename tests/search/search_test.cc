@@ -40,8 +40,19 @@ TEST(SearchSpace, ArtifactDefaults) {
   const auto cp =
       partition_workload(load_workload(test::paper_workload("qwen3-1.7b_cp2tp4_mbs8_seq4096")));
   const auto ag = make_search_space(cp.partition("fwd_ao_ag"), f.w.gpu());
-  EXPECT_EQ(ag.sms.size(), 20u);
+  // 1..20 and NCCL's default on the A100 (24 CTAs), the Nanobatching baseline's setting.
+  EXPECT_EQ(ag.sms.size(), 21u);
   EXPECT_EQ(ag.sms.front(), 1);
+  EXPECT_EQ(ag.sms.back(), 24);
+  // H100: NCCL's 32 CTAs join both grids, in ascending order.
+  const GpuSpec& h100 = gpu_by_name("h100-sxm");
+  const auto ar_h = make_search_space(f.ps.partition("fwd_attn"), h100);
+  EXPECT_EQ(ar_h.sms.size(), 11u);
+  EXPECT_EQ(ar_h.sms.back(), 32);
+  EXPECT_EQ(make_search_space(cp.partition("fwd_ao_ag"), h100).sms.back(), 32);
+  // An explicit list is taken as given.
+  EXPECT_EQ(make_search_space(f.ps.partition("fwd_attn"), h100, {{}, {4, 8}}).sms,
+            (std::vector<int>{4, 8}));
   std::set<std::tuple<int, int, std::string>> uniq;
   for (const auto& c : s.configs()) uniq.insert({c.freq_mhz, c.sms, c.slot});
   EXPECT_EQ(uniq.size(), s.size());

@@ -53,6 +53,11 @@ nlohmann::json workload_json(const Workload& w, const PartitionSet& ps) {
                         {"group", to_string(p.collective.group)},
                         {"bytes", p.collective.payload_bytes},
                         {"group_size", p.collective.group_size}};
+    // Under sequence parallelism: what the communication stream runs after the collective.
+    if (!p.comm_tail.empty()) {
+      pj["comm_tail"] = nlohmann::json::array();
+      for (const auto& k : p.comm_tail) pj["comm_tail"].push_back(kernel_json(k));
+    }
     pj["launch_slots"] = p.slot_names();
     pj["compute_ops"] = nlohmann::json::array();
     for (const auto& k : p.compute_ops) pj["compute_ops"].push_back(kernel_json(k));
@@ -137,11 +142,23 @@ std::string workload_text(const Workload& w, const PartitionSet& ps) {
   for (const auto& p : ps.partitions) {
     std::string slots;
     for (const auto& s : p.slot_names()) slots += (slots.empty() ? "" : ",") + s;
-    t.add_row({p.key,
-               fmt::format("{} {}/{}", to_string(p.collective.collective),
-                           to_string(p.collective.group), p.collective.group_size),
-               human_bytes(p.collective.payload_bytes), slots, std::to_string(p.repeats()),
-               human_flops(p.compute_flops())});
+    // A chain shows every collective in it, e.g. "reducescatter+norm+allgather tp/4".
+    std::string chain = to_string(p.collective.collective);
+    bool kernels = false;
+    for (const auto& k : p.comm_tail) {
+      if (!k.is_collective()) {
+        if (!kernels) chain += "+norm";
+        kernels = true;
+        continue;
+      }
+      kernels = false;
+      chain.append("+").append(to_string(k.collective));
+    }
+    t.add_row(
+        {p.key,
+         fmt::format("{} {}/{}", chain, to_string(p.collective.group), p.collective.group_size),
+         human_bytes(p.collective.payload_bytes), slots, std::to_string(p.repeats()),
+         human_flops(p.compute_flops())});
   }
   out += t.render();
   out += "\nsegments (run without overlap):\n";
