@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <numeric>
 #include <set>
 #include <sstream>
@@ -102,13 +103,35 @@ class Section {
 
   void check_keys(const std::vector<std::string>& allowed) const {
     require_map(fmt::format("{}", fmt::join(allowed, ", ")));
+    check_unique_keys();
     std::set<std::string> ok(allowed.begin(), allowed.end());
     for (const auto& kv : node_) {
-      // A key may itself be a list or a mapping ("? [a, b]"): name it, do not convert it.
-      const auto key = kv.first.IsScalar() ? kv.first.Scalar() : scalar_text(kv.first);
+      const auto key = key_text(kv.first);
       if (!ok.count(key)) {
         fail(key, fmt::format("unknown key; allowed keys here: {}", fmt::join(allowed, ", ")));
       }
+    }
+  }
+
+  // yaml-cpp keeps every entry of a mapping whose key repeats, and a lookup returns the first:
+  // an override appended at the end of a file would be ignored without a word. Refuse it,
+  // naming both places.
+  void check_unique_keys() const {
+    std::map<std::string, YAML::Mark> seen;
+    for (const auto& kv : node_) {
+      if (!kv.first.IsScalar()) continue;  // not a key of the format: refused as unknown
+      const std::string key = kv.first.Scalar();
+      const YAML::Mark at = kv.first.Mark();
+      const auto [first, fresh] = seen.emplace(key, at);
+      if (fresh) continue;
+      const YAML::Mark& was = first->second;
+      const std::string where = was.line == at.line
+                                    ? fmt::format("line {} (columns {} and {})", at.line + 1,
+                                                  was.column + 1, at.column + 1)
+                                    : fmt::format("lines {} and {}", was.line + 1, at.line + 1);
+      fail(key, fmt::format("duplicate key at {}; allowed: each key once per mapping (YAML "
+                            "would silently keep the first value); remove one of them",
+                            where));
     }
   }
 
@@ -161,6 +184,11 @@ class Section {
   const std::string& source() const { return source_; }
 
  private:
+  // A key may itself be a list or a mapping ("? [a, b]"): name it, do not convert it.
+  static std::string key_text(const YAML::Node& k) {
+    return k.IsScalar() ? k.Scalar() : scalar_text(k);
+  }
+
   static std::string scalar_text(const YAML::Node& n) {
     if (n.IsScalar()) return n.Scalar();
     if (n.IsSequence()) return "<a list>";
