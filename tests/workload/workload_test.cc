@@ -327,6 +327,41 @@ TEST(WorkloadErrors, DuplicateKeysNameTheKeyAndBothLines) {
   EXPECT_TRUE(r.out.empty());
 }
 
+// ---- "Too large" always names the limit, whatever form the number takes.
+
+TEST(WorkloadLimits, TooLargeInAnyNotationNamesTheLimit) {
+  const std::string g = kGood;
+  struct Case {
+    std::string from, to, expected;
+  };
+  const std::string mb_why =
+      " (planning keeps every (stage, micro-batch) pass in memory; 2x the sequences of the "
+      "largest published global batch (2048) at one sequence per micro-batch)";
+  const std::vector<Case> cases = {
+      // Above the int range: used to say "value 100000000000 is too large" without a limit.
+      {"micro_batches: 8", "micro_batches: 100000000000",
+       "key 'batch.micro_batches': 100000000000 is above the limit of 4096" + mb_why},
+      // Exponent notation and beyond 64 bits: used to say "expected a positive integer".
+      {"micro_batches: 8", "micro_batches: 1e11",
+       "key 'batch.micro_batches': 1e11 is above the limit of 4096" + mb_why},
+      {"micro_batches: 8", "micro_batches: 99999999999999999999999",
+       "key 'batch.micro_batches': 99999999999999999999999 is above the limit of 4096" + mb_why},
+      {"seq_len: 4096", "seq_len: 1e999",
+       "key 'batch.seq_len': 1e999 is above the limit of 4194304 (4x the longest trained context "
+       "(1M tokens))"},
+      // A key without its own limit gets the general one.
+      {"nano_batches: 2", "nano_batches: 5000000000",
+       "key 'batch.nano_batches': 5000000000 is above the limit of 1000000000 (the largest size "
+       "a workload takes)"},
+  };
+  for (const auto& c : cases) {
+    EXPECT_EQ(limit_message(replace(g, c.from, c.to)), "big.yaml: " + c.expected) << c.to;
+  }
+  // Small numbers in other notations are still not integers.
+  EXPECT_EQ(limit_message(replace(g, "micro_batches: 8", "micro_batches: 2.5")),
+            "big.yaml: key 'batch.micro_batches': expected a positive integer, got '2.5'");
+}
+
 TEST(WorkloadErrors, MissingFileExitsTwo) {
   const auto r = test::run_cli("workload show /nonexistent/w.yaml");
   EXPECT_EQ(r.exit_code, 2);
