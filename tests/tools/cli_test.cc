@@ -1,8 +1,14 @@
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "kareus/store.h"
 #include "test_util.h"
 
 namespace kareus {
@@ -87,6 +93,141 @@ TEST(Cli, EmulateJson) {
   EXPECT_GT(j.at("iteration_time_s").get<double>(), 0);
   EXPECT_EQ(test::run_cli("emulate " + wl + " --schedule fast").exit_code, 2);
   EXPECT_EQ(test::run_cli("emulate " + wl + " --freq 1411").exit_code, 2);
+}
+
+}  // namespace
+}  // namespace kareus
+
+// ---- Output paths and --db folders: docs/cli.md, "Conventions".
+
+namespace kareus {
+namespace {
+
+const std::string kLlama3b = test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096");
+
+// Every emulated measurement takes 20 s: a run that measured one point could not fail within
+// kImmediateS, so a failure inside it proves the check came before any work.
+constexpr const char* kSlowMeasure = " --emulate-profiling-delay-ms 20000 --quiet";
+constexpr double kImmediateS = 10.0;
+
+struct Timed {
+  test::CommandResult r;
+  double seconds = 0;
+};
+Timed run_timed(const std::string& args) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Timed t{test::run_cli(args), 0};
+  t.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return t;
+}
+
+// The OS's reason for refusing a new file in `dir` (what kareus must quote), or "" when this
+// process may create files there.
+std::string create_refusal(const std::string& dir) {
+  const std::string probe = dir + "/kareus-cli-test-probe";
+  const int fd = ::open(probe.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
+  if (fd >= 0) {
+    ::close(fd);
+    ::unlink(probe.c_str());
+    return "";
+  }
+  return std::strerror(errno);
+}
+
+TEST(CliOutputs, UnwritablePathsFailBeforeAnyWorkWithTheOsReason) {
+  test::TempDir tmp;
+  const std::string file = tmp.write("a-file", "x\n");  // a path under it: ENOTDIR, even as root
+  const std::string db = tmp.file("good/profiles.db");  // a valid store that must not appear
+  const std::string not_dir = std::strerror(ENOTDIR);   // "Not a directory"
+  struct Case {
+    std::string args, flag, path;
+  };
+  const std::vector<Case> cases = {
+      {"plan " + kLlama3b + " --max-throughput --db " + db + " --out " + file + "/p.json", "--out",
+       file + "/p.json"},
+      {"plan " + kLlama3b + " --max-throughput --out " + tmp.file("p.json") + " --db " + file +
+           "/sub/x.db",
+       "--db", file + "/sub/x.db"},
+      {"optimize " + kLlama3b + " --db " + db + " --out " + file + "/o", "--out", file + "/o"},
+      {"frontier " + kLlama3b + " --db " + db + " --dump-dag " + file + "/d.json", "--dump-dag",
+       file + "/d.json"},
+      {"search " + kLlama3b + " --partition fwd_mlp --db " + db + " --ask " + file + "/a.csv",
+       "--ask", file + "/a.csv"},
+      {"profile " + kLlama3b + " --sweep --db " + file + "/p.db", "--db", file + "/p.db"},
+      {"profile " + kLlama3b + " --points " + file + " --append " + file + "/t.csv", "--append",
+       file + "/t.csv"},
+      {"eval --db " + db + " --out " + file + "/e.json", "--out", file + "/e.json"},
+      {"eval --db " + db + " --report " + file + "/r.md", "--report", file + "/r.md"},
+  };
+  for (const auto& c : cases) {
+    const Timed t = run_timed(c.args + kSlowMeasure);
+    EXPECT_EQ(t.r.exit_code, 2) << c.args << ": " << t.r.err;
+    EXPECT_LT(t.seconds, kImmediateS) << c.args;
+    // "--out DIR/a-file/p.json: DIR/a-file is not a directory (Not a directory); allowed: ..."
+    EXPECT_NE(t.r.err.find(c.flag + " " + c.path + ": " + file + " is not a directory (" + not_dir +
+                           "); allowed: "),
+              std::string::npos)
+        << c.args << ": " << t.r.err;
+  }
+  // plan show checks --png before it reads the plan.
+  const auto png =
+      test::run_cli("plan show " + tmp.file("absent.json") + " --png " + file + "/t.png");
+  EXPECT_EQ(png.exit_code, 2);
+  EXPECT_NE(png.err.find("--png " + file + "/t.png: " + file + " is not a directory"),
+            std::string::npos)
+      << png.err;
+  EXPECT_FALSE(std::filesystem::exists(tmp.file("good"))) << "a store was created before a check";
+  EXPECT_FALSE(std::filesystem::exists(tmp.file("p.json")));
+
+  // A place the OS refuses (sysfs, procfs: even root cannot create files there): the message
+  // quotes the OS's own reason, whatever it is on this machine.
+  int checked = 0;
+  for (const std::string& dir : {std::string("/sys"), std::string("/proc")}) {
+    const std::string reason = create_refusal(dir);
+    if (reason.empty()) continue;
+    ++checked;
+    for (const std::string& args :
+         {"plan " + kLlama3b + " --max-throughput --out " + dir + "/kareus-p.json",
+          "optimize " + kLlama3b + " --out " + dir + "/kareus-out",
+          "profile " + kLlama3b + " --sweep --db " + dir + "/kareus/x.db"}) {
+      const Timed t = run_timed(args + kSlowMeasure);
+      EXPECT_EQ(t.r.exit_code, 2) << args << ": " << t.r.err;
+      EXPECT_LT(t.seconds, kImmediateS) << args;
+      EXPECT_NE(t.r.err.find("cannot create files in the folder " + dir + " (" + reason + ")"),
+                std::string::npos)
+          << args << ": " << t.r.err;
+    }
+  }
+  if (checked == 0) GTEST_SKIP() << "/sys and /proc take new files here";
+}
+
+TEST(CliOutputs, OptimizeChecksWhatItWritesInsideAnExistingOut) {
+  test::TempDir tmp;
+  std::filesystem::create_directories(tmp.file("o/report.md"));  // a folder where a file goes
+  const Timed t = run_timed("optimize " + kLlama3b + " --out " + tmp.file("o") + kSlowMeasure);
+  EXPECT_EQ(t.r.exit_code, 2) << t.r.err;
+  EXPECT_LT(t.seconds, kImmediateS);
+  EXPECT_NE(t.r.err.find("--out " + tmp.file("o") + ": " + tmp.file("o/report.md") +
+                         " is a directory (" + std::strerror(EISDIR) + ")"),
+            std::string::npos)
+      << t.r.err;
+}
+
+TEST(CliOutputs, DbCreatesItsMissingFolders) {
+  test::TempDir tmp;
+  const std::string db = tmp.file("out/nested/profiles.db");
+  const auto r =
+      test::run_cli("profile " + kLlama3b +
+                    " --partition fwd_attn --freq 1410 --sms 24 --slot norm --json --db " + db);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_TRUE(std::filesystem::is_regular_file(db));
+  EXPECT_EQ(ProfileStore(db).count_all(), 1u);
+  // The same point again is served from the store: still one row.
+  ASSERT_EQ(test::run_cli("profile " + kLlama3b +
+                          " --partition fwd_attn --freq 1410 --sms 24 --slot norm --db " + db)
+                .exit_code,
+            0);
+  EXPECT_EQ(ProfileStore(db).count_all(), 1u);
 }
 
 }  // namespace

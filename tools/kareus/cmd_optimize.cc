@@ -44,6 +44,12 @@ std::filesystem::path make_dir(const std::string& dir) {
   return dir;
 }
 
+/// What `optimize` writes in its --out folder (a trailing '/' marks a folder): checked, with the
+/// folder, before any work.
+const std::vector<std::string> kOptimizeOutputs = {
+    "frontier.json",           "report.md", "frontier.png", "plot_frontier.py",
+    "frontier_plot_data.json", "plans/",    "timelines/"};
+
 /// The flags of `kareus optimize`, owned by the subcommand's callback.
 struct OptimizeArgs {
   std::string file, out;
@@ -76,7 +82,7 @@ void register_optimize(CLI::App& app, Action& action) {
       const PlannerFlags& flags = args->flags;
       const bool json = args->json;
       check_planner_flags(flags);
-      check_output_dir("--out", out);
+      check_output("--out", out, OutputKind::kFolder, kOptimizeOutputs);
       const Workload w = load_job(file);
       ProfilingSession session = open_profiling(flags.profiling, w);
       const auto dir = make_dir(out);
@@ -204,8 +210,8 @@ std::vector<WorkloadEvaluation> evaluate_all(const std::vector<Workload>& worklo
 
 int run_eval(const EvalArgs& a) {
   check_planner_flags(a.flags);
-  if (!a.out.empty()) check_output_file("--out", a.out);
-  if (!a.report_out.empty()) check_output_file("--report", a.report_out);
+  if (!a.out.empty()) check_output("--out", a.out, OutputKind::kFile);
+  if (!a.report_out.empty()) check_output("--report", a.report_out, OutputKind::kFile);
   std::vector<Workload> workloads;
   for (const auto& f : suite_files(a.suite)) workloads.push_back(load_job(f));
   // One open in this thread first: a bad --db fails here, before any worker starts.

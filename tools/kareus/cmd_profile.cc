@@ -176,12 +176,11 @@ void register_profile(CLI::App& app, Action& action) {
       }
       if (!append.empty() && points.empty()) throw InvalidInput("--append needs --points FILE");
       if (!points.empty()) check_input_file("--points", points);
-      if (!append.empty()) check_output_file("--append", append);
+      if (!append.empty()) check_output("--append", append, OutputKind::kFile);
       if (sweep && flags.db.empty()) {
-        // The store a sweep fills is what later runs reuse: default to the one `make run` uses.
+        // The store a sweep fills is what later runs reuse: default to the one `make run` uses
+        // (its folder is created, as for every --db).
         flags.db = kDefaultSweepDb;
-        std::error_code ec;
-        std::filesystem::create_directories(std::filesystem::path(flags.db).parent_path(), ec);
       }
       check_profiling_flags(flags);
       const Workload w = load_job(file);

@@ -77,10 +77,11 @@ inline void add_profiling_flags(CLI::App* cmd, ProfilingFlags& f) {
 }
 
 /// The checks of the profiling flags that CLI11 cannot make while parsing; run before anything
-/// is loaded or measured. (The store itself is opened, and so checked, by open_profiling,
+/// is loaded or measured: --db must be writable where it is (or, its folders missing, where
+/// they would be created). (The store itself is opened, and so checked, by open_profiling,
 /// before any measurement.)
 inline void check_profiling_flags(const ProfilingFlags& f) {
-  if (!f.db.empty()) check_output_file("--db", f.db);
+  if (!f.db.empty()) check_output("--db", f.db, OutputKind::kStore);
 }
 
 /// The backend and (optional) store the flags ask for.
@@ -118,6 +119,7 @@ inline ProfilingSession open_profiling(const ProfilingFlags& f, const Workload& 
     s.backend = create_profiler(f.backend, o);
   }
   if (!f.db.empty()) {
+    create_parent_folders("--db", f.db);  // like optimize --out
     try {
       s.store = std::make_unique<ProfileStore>(f.db);
     } catch (const InvalidInput& e) {
