@@ -95,6 +95,10 @@ class ParallelMeasurer {
 /// without a store), so a point is measured at most once. `measured` and `reused` count distinct
 /// points.
 ///
+/// Interruption: before every new measurement it calls throw_if_interrupted()
+/// (kareus/interrupt.h), so a run asked to stop (SIGINT, SIGTERM) ends between two measurements
+/// with Interrupted, every finished point committed.
+///
 /// Ask mode (ask/tell profiling): measure_batch() first serves every point it can (memo, store,
 /// or a backend whose can_measure() is true) and then, if any point of the batch is missing,
 /// throws MeasurementsNeeded with all of them. Outside ask mode a batch is exactly a sequence of

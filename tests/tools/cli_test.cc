@@ -1,11 +1,14 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 
 #include "kareus/store.h"
@@ -98,7 +101,7 @@ TEST(Cli, EmulateJson) {
 }  // namespace
 }  // namespace kareus
 
-// ---- Output paths and --db folders: docs/cli.md, "Conventions".
+// ---- Output paths, --db folders, interrupts: docs/cli.md, "Conventions".
 
 namespace kareus {
 namespace {
@@ -228,6 +231,139 @@ TEST(CliOutputs, DbCreatesItsMissingFolders) {
                 .exit_code,
             0);
   EXPECT_EQ(ProfileStore(db).count_all(), 1u);
+}
+
+// A running `kareus ARGS` with its stderr on a pipe (stdout to a file), to be signalled.
+class Child {
+ public:
+  explicit Child(const std::vector<std::string>& args, const std::string& out_path) {
+    int fds[2];
+    if (::pipe(fds) != 0) throw std::runtime_error("pipe");
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      // A test run from a background shell job would pass SIGINT ignored: kareus keeps an
+      // ignored SIGINT ignored, so give it the default, as an interactive shell does.
+      ::signal(SIGINT, SIG_DFL);
+      ::signal(SIGTERM, SIG_DFL);
+      ::dup2(fds[1], STDERR_FILENO);
+      const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      ::dup2(out, STDOUT_FILENO);
+      ::close(fds[0]);
+      std::vector<char*> argv;
+      std::string exe = KAREUS_CLI;
+      argv.push_back(exe.data());
+      std::vector<std::string> copy = args;
+      for (auto& a : copy) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(KAREUS_CLI, argv.data());
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    fd_ = fds[0];
+  }
+  ~Child() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (fd_ >= 0) ::close(fd_);
+  }
+  /// Reads stderr until `re` matches the text so far, or `timeout_s` passes; true on a match.
+  bool wait_for(const std::regex& re, double timeout_s) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    while (!std::regex_search(err_, re)) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            end - std::chrono::steady_clock::now())
+                            .count();
+      if (left <= 0) return false;
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left)) <= 0) continue;
+      char buf[4096];
+      const ssize_t n = ::read(fd_, buf, sizeof buf);
+      if (n <= 0) return std::regex_search(err_, re);
+      err_.append(buf, static_cast<std::size_t>(n));
+    }
+    return true;
+  }
+  void signal(int sig) const { ::kill(pid_, sig); }
+  /// Waits for the exit (reading the rest of stderr); the exit code, or 128 + signal.
+  int wait() {
+    char buf[4096];
+    for (ssize_t n; (n = ::read(fd_, buf, sizeof buf)) > 0;)
+      err_.append(buf, static_cast<std::size_t>(n));
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    reaped_ = true;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  const std::string& err() const { return err_; }
+
+ private:
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  bool reaped_ = false;
+  std::string err_;
+};
+
+std::vector<std::string> split_args(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string a; ss >> a;) out.push_back(a);
+  return out;
+}
+
+TEST(CliInterrupt, SigintKeepsTheMeasurementsAndTheRerunResumes) {
+  test::TempDir tmp;
+  const std::string db = tmp.file("out/profiles.db");
+  // 20 ms per measurement: the search's 128 points take a few seconds, time to interrupt it.
+  const std::string args = "optimize " + kLlama3b + " --out " + tmp.file("o") + " --db " + db +
+                           " --budget 32 --emulate-profiling-delay-ms 20";
+  Child child(split_args(args), tmp.file("stdout"));
+  // Off a terminal the bar prints a line per tenth: wait for the search to be 10% done.
+  ASSERT_TRUE(child.wait_for(std::regex("search \\[[#-]+\\] [0-9]+/[0-9]+ +[1-9][0-9]%"), 120))
+      << child.err();
+  child.signal(SIGINT);
+  const int rc = child.wait();
+  EXPECT_EQ(rc, 130) << child.err();
+  // "kareus: interrupted (SIGINT): N measurements kept in DB (N taken by this run); rerun the
+  // same command with --db DB to resume ..."
+  const std::regex msg("kareus: interrupted \\(SIGINT\\): ([0-9]+) measurements? kept in " + db +
+                       " \\(([0-9]+) taken by this run\\); rerun the same command with --db " + db +
+                       " to resume");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(child.err(), m, msg)) << child.err();
+  const std::size_t kept = std::stoul(m[1]);
+  EXPECT_GT(kept, 0u);
+  EXPECT_EQ(std::stoul(m[2]), kept);  // the store was new
+  EXPECT_EQ(ProfileStore(db).count_all(), kept);
+  EXPECT_FALSE(std::filesystem::exists(tmp.file("o/frontier.json"))) << "wrote partial output";
+
+  // The same command again reuses every kept point and measures only the rest.
+  const auto again = test::run_cli(args + " --json --quiet");
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  const auto prof = nlohmann::json::parse(again.out).at("profiling");
+  EXPECT_EQ(prof.at("reused").get<std::size_t>(), kept);
+  const auto measured = prof.at("measured").get<std::size_t>();
+  EXPECT_GT(measured, 0u);
+  EXPECT_EQ(prof.at("points").get<std::size_t>(), kept + measured);
+  EXPECT_EQ(ProfileStore(db).count_all(), kept + measured);
+  EXPECT_TRUE(std::filesystem::exists(tmp.file("o/frontier.json")));
+}
+
+TEST(CliInterrupt, SigtermWithoutDbSaysNothingWasKeptAndHowToKeepIt) {
+  test::TempDir tmp;
+  Child child(split_args("search " + kLlama3b +
+                         " --partition fwd_mlp --budget 64 --emulate-profiling-delay-ms 50"),
+              tmp.file("stdout"));
+  ASSERT_TRUE(child.wait_for(std::regex("search fwd_mlp .*\\] [1-9][0-9]*/64"), 120))
+      << child.err();
+  child.signal(SIGTERM);
+  EXPECT_EQ(child.wait(), 143) << child.err();
+  EXPECT_NE(child.err().find("kareus: interrupted (SIGTERM): nothing was kept: without --db "
+                             "measurements live in memory only; run with --db PATH"),
+            std::string::npos)
+      << child.err();
+  EXPECT_TRUE(test::read_file(tmp.file("stdout")).empty());
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "kareus/error.h"
 #include "kareus/evaluate.h"
 #include "kareus/frontier_file.h"
+#include "kareus/interrupt.h"
 #include "planner_flags.h"
 
 namespace kareus::cli {
@@ -179,7 +180,11 @@ std::vector<WorkloadEvaluation> evaluate_all(const std::vector<Workload>& worklo
     for (std::size_t i = next++; i < workloads.size(); i = next++) {
       try {
         ProfilingSession s = open_profiling(a.flags.profiling, workloads[i]);
-        results[i] = evaluate_workload(workloads[i], *s.cached, a.flags.planner);
+        // No display per workload, but every step checks for a stop request (SIGINT/SIGTERM).
+        const PlannerProgress poll = [](const std::string&, std::size_t, std::size_t) {
+          throw_if_interrupted();
+        };
+        results[i] = evaluate_workload(workloads[i], *s.cached, a.flags.planner, poll);
       } catch (...) {
         errors[i] = std::current_exception();
       }
@@ -192,6 +197,17 @@ std::vector<WorkloadEvaluation> evaluate_all(const std::vector<Workload>& worklo
     pool.emplace_back(worker);
   for (auto& t : pool) t.join();
   bar.finish();
+  // A stop request ends every worker: report it as such (exit 128 + signal), not as the
+  // failure of one workload.
+  for (const auto& error : errors) {
+    if (!error) continue;
+    try {
+      std::rethrow_exception(error);
+    } catch (const Interrupted&) {
+      throw;
+    } catch (...) {
+    }
+  }
   for (std::size_t i = 0; i < errors.size(); ++i) {
     if (!errors[i]) continue;
     const std::string& name = workloads[i].name;

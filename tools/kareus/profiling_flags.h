@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli_util.h"
+#include "interrupt.h"
 #include "kareus/distributed.h"
 #include "kareus/error.h"
 #include "kareus/profiler.h"
@@ -128,7 +129,10 @@ inline ProfilingSession open_profiling(const ProfilingFlags& f, const Workload& 
       throw InvalidInput(msg.rfind(f.db + ":", 0) == 0 ? "--db " + msg
                                                        : fmt::format("--db {}: {}", f.db, msg));
     }
+    note_profile_store(f.db, s.store->count_all());
   }
+  // From here on a SIGINT/SIGTERM stops the run between two measurements (interrupt.h).
+  install_interrupt_handlers();
   s.cached = std::make_unique<CachedProfiler>(*s.backend, s.store.get());
   if (remote) s.cached->set_parallel(remote);
   if (const auto fixed = s.backend->fixed_freq_mhz()) {
