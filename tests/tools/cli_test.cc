@@ -233,6 +233,30 @@ TEST(CliOutputs, DbCreatesItsMissingFolders) {
   EXPECT_EQ(ProfileStore(db).count_all(), 1u);
 }
 
+// A number beyond int used to stop at "Could not convert: --freq = 99999999999", without the
+// limit; now every such flag names its range while the command line is parsed.
+TEST(CliLimits, NumbersBeyondIntNameTheLimit) {
+  struct Case {
+    std::string args, expected;
+  };
+  const std::string one = "profile " + kLlama3b + " --partition fwd_attn";
+  for (const auto& c : std::vector<Case>{
+           {one + " --freq 99999999999 --sms 24 --slot norm",
+            "--freq: '99999999999' is not allowed: an integer number of MHz in 1..100000"},
+           {one + " --freq 1410 --sms 99999999999 --slot norm",
+            "--sms: '99999999999' is not allowed: an integer number of SMs in 1..32"},
+           {one + " --freq 1410 --sms 24 --slot norm --backend cuda --devices 0,99999999999999",
+            "--devices: '99999999999999' is not allowed: an integer number of device index in "
+            "0..1023"},
+           {"emulate " + kLlama3b + " --freq 99999999999",
+            "--freq: '99999999999' is not allowed: an integer number of MHz in 1..100000"},
+       }) {
+    const auto r = test::run_cli(c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args;
+    EXPECT_NE(r.err.find(c.expected), std::string::npos) << c.args << ": " << r.err;
+  }
+}
+
 // A running `kareus ARGS` with its stderr on a pipe (stdout to a file), to be signalled.
 class Child {
  public:

@@ -37,6 +37,10 @@ struct ProfilingFlags {
   bool mpi = false;  ///< distributed profiling: rank 0 searches, the other ranks measure
 };
 
+/// The largest CUDA device index --devices takes (NVML drives at most 64 GPUs per process; a
+/// value beyond int would otherwise be refused without its limit).
+constexpr long long kMaxCudaDeviceIndex = 1023;
+
 /// Rank 0's coordinator when the job runs with --mpi (set by main), else null.
 inline distributed::Coordinator* mpi_coordinator = nullptr;
 
@@ -65,7 +69,7 @@ inline void add_profiling_flags(CLI::App* cmd, ProfilingFlags& f) {
   cmd->add_option("--devices", f.devices,
                   "cuda: CUDA device indices of the partition's group, e.g. 0,1,2,3 (default: all)")
       ->delimiter(',')
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_in(0, kMaxCudaDeviceIndex, "device index"));
   cmd->add_option("--window-s", f.window_s, "cuda: measurement window per point (s)")
       ->capture_default_str()
       ->check(finite_in(0, true, 3600, "seconds"));
