@@ -30,8 +30,8 @@ class NotSupported : public Error {
 };
 
 /// The user asked the run to stop (SIGINT, SIGTERM; kareus/interrupt.h). Thrown between
-/// measurements, never inside one, so every measurement taken so far is committed. Exit code
-/// 128 + signal (130 for SIGINT, 143 for SIGTERM).
+/// measurements, never inside one, so every measurement finished before the request is
+/// committed. Exit code 128 + signal (130 for SIGINT, 143 for SIGTERM).
 class Interrupted : public Error {
  public:
   explicit Interrupted(int signal) : Error(text(signal)), signal_(signal) {}

@@ -1,6 +1,6 @@
 // Cooperative interruption of long work (profiling, searching, planning). A signal handler (the
 // CLI installs one for SIGINT and SIGTERM) calls request_interrupt(); the long loops call
-// throw_if_interrupted() between steps: CachedProfiler before every new measurement, the CLI's
+// throw_if_interrupted() between steps: CachedProfiler around every new measurement, the CLI's
 // progress callbacks at every step of every planning stage. So an interrupted run stops between
 // two measurements, with every finished one committed to the profile store, and unwinds
 // normally (locked clocks reset, files closed) before main turns Interrupted into 128 + signal.

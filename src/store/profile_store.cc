@@ -251,9 +251,12 @@ Measurement CachedProfiler::serve(const StoreKey& k, const std::function<Measure
     }
   }
   // A stop request (SIGINT, SIGTERM) ends the run here, between measurements: every point
-  // measured so far is committed, nothing is half-written.
+  // measured so far is committed, nothing is half-written. A point during which the request
+  // arrived is dropped, not committed: the signal may have disturbed it (the clock guard
+  // resets locked clocks on a signal, so the rest of its window ran at another clock).
   throw_if_interrupted();
   const Measurement m = measure();
+  throw_if_interrupted();
   if (store_) {
     // A real backend may change what it is while measuring (the cuda backend falls back from
     // cuDNN's fused attention to its own kernel): store under the fingerprint the point was

@@ -138,6 +138,30 @@ TEST(CachedProfiler, InterruptStopsBeforeTheNextMeasurement) {
   EXPECT_EQ(store.count_all(), 2u);
 }
 
+// A measurement during which a stop request arrives is dropped: the signal may have disturbed
+// it (the NVML clock guard resets locked clocks on a signal).
+TEST(CachedProfiler, PointMeasuredWhileAStopArrivedIsNotStored) {
+  struct StopsWhileMeasuring : EmulatorProfiler {
+    using EmulatorProfiler::EmulatorProfiler;
+    Measurement measure(const Partition& p, const PartitionConfig& c) override {
+      const Measurement m = EmulatorProfiler::measure(p, c);
+      request_interrupt(SIGTERM);  // as the handler would, mid-measurement
+      return m;
+    }
+  };
+  test::TempDir tmp;
+  const auto w = load_workload(test::paper_workload("qwen3-1.7b_tp8_mbs8_seq4096"));
+  const auto ps = partition_workload(w);
+  StopsWhileMeasuring prof(test::emulator_options(w.gpu_name, 0.01, 3));
+  ProfileStore store(tmp.file("s.db"));
+  CachedProfiler c(prof, &store);
+  EXPECT_THROW(c.measure(ps.partition("bwd_mlp"), {1200, 6, "linear"}), Interrupted);
+  clear_interrupt();
+  EXPECT_EQ(store.count_all(), 0u);
+  EXPECT_EQ(c.measured(), 0);
+  EXPECT_FALSE(c.stored(ps.partition("bwd_mlp"), {1200, 6, "linear"}));
+}
+
 // Issue 3's crash test: SIGKILL a sweep mid-run, restart it, and check that the store ends with
 // every configuration exactly once and that the restart measured only the missing ones.
 TEST(ProfileStore, SweepSurvivesSigkill) {

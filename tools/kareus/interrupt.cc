@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <mutex>
 #include <optional>
@@ -21,7 +22,8 @@ void on_signal(int sig) {
   const int saved_errno = errno;
   request_interrupt(sig);
   static constexpr char kNotice[] =
-      "\nkareus: stopping after the measurement in flight (a second signal stops at once)\n";
+      "\nkareus: stopping; the measurement in flight is not kept (a second signal stops at "
+      "once)\n";
   [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, kNotice, sizeof kNotice - 1);
   errno = saved_errno;
 }
