@@ -22,8 +22,8 @@ void on_signal(int sig) {
   const int saved_errno = errno;
   request_interrupt(sig);
   static constexpr char kNotice[] =
-      "\nkareus: stopping; the measurement in flight is not kept (a second signal stops at "
-      "once)\n";
+      "\nkareus: stopping at the next step (a measurement in flight is not kept; a second signal "
+      "stops at once)\n";
   [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, kNotice, sizeof kNotice - 1);
   errno = saved_errno;
 }
