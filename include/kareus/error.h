@@ -1,8 +1,9 @@
 // Typed errors that end a Kareus operation. Library code throws; only `main` maps them to exit
-// codes (InvalidInput -> 2, everything else -> 1). Expected outcomes such as an infeasible
-// deadline are return values, not exceptions.
+// codes (InvalidInput -> 2, Interrupted -> 128 + signal, everything else -> 1). Expected outcomes
+// such as an infeasible deadline are return values, not exceptions.
 #pragma once
 
+#include <csignal>
 #include <stdexcept>
 #include <string>
 
@@ -26,6 +27,24 @@ class InvalidInput : public Error {
 class NotSupported : public Error {
  public:
   using Error::Error;
+};
+
+/// The user asked the run to stop (SIGINT, SIGTERM; kareus/interrupt.h). Thrown between
+/// measurements, never inside one, so every measurement finished before the request is
+/// committed. Exit code 128 + signal (130 for SIGINT, 143 for SIGTERM).
+class Interrupted : public Error {
+ public:
+  explicit Interrupted(int signal) : Error(text(signal)), signal_(signal) {}
+  int signal() const { return signal_; }
+  /// "interrupted (SIGINT)", "interrupted (SIGTERM)", "interrupted (signal N)".
+  static std::string text(int signal) {
+    if (signal == SIGINT) return "interrupted (SIGINT)";
+    if (signal == SIGTERM) return "interrupted (SIGTERM)";
+    return "interrupted (signal " + std::to_string(signal) + ")";
+  }
+
+ private:
+  int signal_;
 };
 
 /// A bug or a broken invariant inside Kareus. Exit code 1.

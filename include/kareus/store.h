@@ -95,6 +95,12 @@ class ParallelMeasurer {
 /// without a store), so a point is measured at most once. `measured` and `reused` count distinct
 /// points.
 ///
+/// Interruption: before and after every new measurement it calls throw_if_interrupted()
+/// (kareus/interrupt.h), so a run asked to stop (SIGINT, SIGTERM) ends between two measurements
+/// with Interrupted, every point finished before the request committed; the point in flight
+/// when it came is dropped (the signal may have disturbed it: locked clocks are reset on a
+/// signal). In parallel mode points measured elsewhere are committed as they arrive.
+///
 /// Ask mode (ask/tell profiling): measure_batch() first serves every point it can (memo, store,
 /// or a backend whose can_measure() is true) and then, if any point of the batch is missing,
 /// throws MeasurementsNeeded with all of them. Outside ask mode a batch is exactly a sequence of

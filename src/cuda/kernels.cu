@@ -297,8 +297,14 @@ constexpr int kWarpsPerBlock = 4;
 
 dim3 row_grid(std::int64_t rows_per_group, std::int64_t groups) {
   const std::int64_t x = (rows_per_group + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  if (x > 0x7fffffff || groups > 65535) {
-    throw NotSupported("fallback attention: shape too large for its grid");
+  constexpr std::int64_t kMaxGridX = 0x7fffffff;  // CUDA's grid limits
+  constexpr std::int64_t kMaxGridY = 65535;
+  if (x > kMaxGridX || groups > kMaxGridY) {
+    throw NotSupported(
+        "fallback attention: shape too large for its grid: " + std::to_string(rows_per_group) +
+        " rows per group need " + std::to_string(x) + " blocks (at most " +
+        std::to_string(kMaxGridX) + "), " + std::to_string(groups) + " groups (at most " +
+        std::to_string(kMaxGridY) + ")");
   }
   return dim3(static_cast<unsigned>(x), static_cast<unsigned>(groups));
 }

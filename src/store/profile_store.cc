@@ -8,6 +8,7 @@
 
 #include "kareus/error.h"
 #include "kareus/hash.h"
+#include "kareus/interrupt.h"
 #include "kareus/store.h"
 
 namespace kareus {
@@ -249,7 +250,13 @@ Measurement CachedProfiler::serve(const StoreKey& k, const std::function<Measure
       return memo_.emplace(mk, *m).first->second;
     }
   }
+  // A stop request (SIGINT, SIGTERM) ends the run here, between measurements: every point
+  // measured so far is committed, nothing is half-written. A point during which the request
+  // arrived is dropped, not committed: the signal may have disturbed it (the clock guard
+  // resets locked clocks on a signal, so the rest of its window ran at another clock).
+  throw_if_interrupted();
   const Measurement m = measure();
+  throw_if_interrupted();
   if (store_) {
     // A real backend may change what it is while measuring (the cuda backend falls back from
     // cuDNN's fused attention to its own kernel): store under the fingerprint the point was
@@ -307,6 +314,7 @@ std::vector<Measurement> CachedProfiler::serve_parallel(const std::vector<StoreK
   }
   flush();
   if (todo.empty()) return out;
+  throw_if_interrupted();  // as in serve(): before handing out new points
   parallel_->measure_all(todo, [&](std::size_t j, const Measurement& m, const std::string& fp) {
     const std::size_t first = todo_first[j];
     // Committed on arrival: a run killed now keeps this point.

@@ -6,9 +6,14 @@
 #include <fmt/ranges.h>
 #include <yaml-cpp/yaml.h>
 
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string_view>
@@ -69,14 +74,43 @@ const SizeLimit* size_limit(std::string_view key) {
   return nullptr;
 }
 
+// The bound of a size without its own entry in kSizeLimits (batch.nano_batches, whose allowed
+// values validation names): sizes are stored as int.
+constexpr long long kMaxAnySize = 1'000'000'000;
+
+// The largest value a dotted key allows.
+long long size_max(std::string_view key) {
+  const SizeLimit* l = size_limit(key);
+  return l != nullptr ? l->max : kMaxAnySize;
+}
+
+// "the limit of N (why)" for a dotted key.
+std::string limit_text(std::string_view key) {
+  const SizeLimit* l = size_limit(key);
+  return l != nullptr
+             ? fmt::format("the limit of {} ({})", l->max, l->why)
+             : fmt::format("the limit of {} (the largest size a workload takes)", kMaxAnySize);
+}
+
 // Why `value` is out of range for `key` (a dotted key of kSizeLimits), or "" when it is fine.
 std::string size_error(std::string_view key, long long value) {
   if (value <= 0) return fmt::format("must be a positive integer, got {}", value);
-  const SizeLimit* l = size_limit(key);
-  if (l != nullptr && value > l->max) {
-    return fmt::format("{} is above the limit of {} ({})", value, l->max, l->why);
+  if (value > size_max(key)) {
+    return fmt::format("{} is above {}", value, limit_text(key));
   }
   return "";
+}
+
+// A scalar that reads as a number, integer or not (1e11, 99999999999999999999, 2.5, 1e999 as
+// infinity); nullopt for anything else, "inf" and "nan" included.
+std::optional<double> number_value(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() + text.size()) return std::nullopt;
+  if (!std::isfinite(v) && errno != ERANGE) return std::nullopt;
+  return v;
 }
 
 // Walks a YAML mapping, checking key names and value types; errors carry file and dotted key.
@@ -102,13 +136,35 @@ class Section {
 
   void check_keys(const std::vector<std::string>& allowed) const {
     require_map(fmt::format("{}", fmt::join(allowed, ", ")));
+    check_unique_keys();
     std::set<std::string> ok(allowed.begin(), allowed.end());
     for (const auto& kv : node_) {
-      // A key may itself be a list or a mapping ("? [a, b]"): name it, do not convert it.
-      const auto key = kv.first.IsScalar() ? kv.first.Scalar() : scalar_text(kv.first);
+      const auto key = key_text(kv.first);
       if (!ok.count(key)) {
         fail(key, fmt::format("unknown key; allowed keys here: {}", fmt::join(allowed, ", ")));
       }
+    }
+  }
+
+  // yaml-cpp keeps every entry of a mapping whose key repeats, and a lookup returns the first:
+  // an override appended at the end of a file would be ignored without a word. Refuse it,
+  // naming both places.
+  void check_unique_keys() const {
+    std::map<std::string, YAML::Mark> seen;
+    for (const auto& kv : node_) {
+      if (!kv.first.IsScalar()) continue;  // not a key of the format: refused as unknown
+      const std::string key = kv.first.Scalar();
+      const YAML::Mark at = kv.first.Mark();
+      const auto [first, fresh] = seen.emplace(key, at);
+      if (fresh) continue;
+      const YAML::Mark& was = first->second;
+      const std::string where = was.line == at.line
+                                    ? fmt::format("line {} (columns {} and {})", at.line + 1,
+                                                  was.column + 1, at.column + 1)
+                                    : fmt::format("lines {} and {}", was.line + 1, at.line + 1);
+      fail(key, fmt::format("duplicate key at {}; allowed: each key once per mapping (YAML "
+                            "would silently keep the first value); remove one of them",
+                            where));
     }
   }
 
@@ -127,10 +183,14 @@ class Section {
       if (!n.IsScalar()) throw YAML::BadConversion(n.Mark());
       v = n.as<long long>();
     } catch (const YAML::Exception&) {
+      // A number beyond 64 bits or in exponent notation above the limit is too large rather
+      // than malformed: say which limit.
+      const auto number = n.IsScalar() ? number_value(n.Scalar()) : std::nullopt;
+      if (number && *number > static_cast<double>(size_max(dotted(key)))) {
+        fail(key, fmt::format("{} is above {}", n.Scalar(), limit_text(dotted(key))));
+      }
       fail(key, fmt::format("expected a positive integer, got '{}'", scalar_text(n)));
     }
-    if (v <= 0) fail(key, fmt::format("must be a positive integer, got {}", v));
-    if (v > 1'000'000'000LL) fail(key, fmt::format("value {} is too large", v));
     if (const std::string why = size_error(dotted(key), v); !why.empty()) fail(key, why);
     return static_cast<int>(v);
   }
@@ -161,6 +221,11 @@ class Section {
   const std::string& source() const { return source_; }
 
  private:
+  // A key may itself be a list or a mapping ("? [a, b]"): name it, do not convert it.
+  static std::string key_text(const YAML::Node& k) {
+    return k.IsScalar() ? k.Scalar() : scalar_text(k);
+  }
+
   static std::string scalar_text(const YAML::Node& n) {
     if (n.IsScalar()) return n.Scalar();
     if (n.IsSequence()) return "<a list>";

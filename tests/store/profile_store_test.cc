@@ -12,6 +12,7 @@
 
 #include "kareus/emulator.h"
 #include "kareus/error.h"
+#include "kareus/interrupt.h"
 #include "kareus/search_space.h"
 #include "kareus/store.h"
 #include "test_util.h"
@@ -101,6 +102,64 @@ TEST(CachedProfiler, MeasuresOnlyMissingPoints) {
   EXPECT_EQ(b.measured(), 0);
   EXPECT_EQ(b.reused(), 1);
   EXPECT_DOUBLE_EQ(again.energy_j, first.energy_j);
+}
+
+// A stop request (SIGINT/SIGTERM through the CLI's handler) ends the run before the next new
+// measurement: nothing is measured or written after it, while stored and served points are
+// still returned.
+TEST(CachedProfiler, InterruptStopsBeforeTheNextMeasurement) {
+  test::TempDir tmp;
+  const auto w = load_workload(test::paper_workload("qwen3-1.7b_tp8_mbs8_seq4096"));
+  const auto ps = partition_workload(w);
+  const auto& p = ps.partition("bwd_mlp");
+  EmulatorProfiler prof(test::emulator_options(w.gpu_name, 0.01, 3));
+  ProfileStore store(tmp.file("s.db"));
+  CachedProfiler c(prof, &store);
+  const auto first = c.measure(p, {1200, 6, "linear"});
+  request_interrupt(SIGINT);
+  request_interrupt(SIGTERM);  // the first signal is kept
+  EXPECT_EQ(interrupt_requested(), SIGINT);
+  try {
+    c.measure(p, {1200, 8, "linear"});
+    ADD_FAILURE() << "measured after a stop request";
+  } catch (const Interrupted& e) {
+    EXPECT_EQ(e.signal(), SIGINT);
+    EXPECT_STREQ(e.what(), "interrupted (SIGINT)");
+  }
+  EXPECT_THROW(c.measure_batch(p, {{1200, 6, "linear"}, {1210, 6, "linear"}}), Interrupted);
+  EXPECT_DOUBLE_EQ(c.measure(p, {1200, 6, "linear"}).energy_j, first.energy_j);  // memo
+  EXPECT_EQ(c.measured(), 1);
+  EXPECT_EQ(store.count_all(), 1u);
+  CachedProfiler fresh(prof, &store);  // from the store, so no measurement: allowed
+  EXPECT_DOUBLE_EQ(fresh.measure(p, {1200, 6, "linear"}).energy_j, first.energy_j);
+  clear_interrupt();
+  EXPECT_EQ(interrupt_requested(), 0);
+  c.measure(p, {1200, 8, "linear"});
+  EXPECT_EQ(store.count_all(), 2u);
+}
+
+// A measurement during which a stop request arrives is dropped: the signal may have disturbed
+// it (the NVML clock guard resets locked clocks on a signal).
+TEST(CachedProfiler, PointMeasuredWhileAStopArrivedIsNotStored) {
+  struct StopsWhileMeasuring : EmulatorProfiler {
+    using EmulatorProfiler::EmulatorProfiler;
+    Measurement measure(const Partition& p, const PartitionConfig& c) override {
+      const Measurement m = EmulatorProfiler::measure(p, c);
+      request_interrupt(SIGTERM);  // as the handler would, mid-measurement
+      return m;
+    }
+  };
+  test::TempDir tmp;
+  const auto w = load_workload(test::paper_workload("qwen3-1.7b_tp8_mbs8_seq4096"));
+  const auto ps = partition_workload(w);
+  StopsWhileMeasuring prof(test::emulator_options(w.gpu_name, 0.01, 3));
+  ProfileStore store(tmp.file("s.db"));
+  CachedProfiler c(prof, &store);
+  EXPECT_THROW(c.measure(ps.partition("bwd_mlp"), {1200, 6, "linear"}), Interrupted);
+  clear_interrupt();
+  EXPECT_EQ(store.count_all(), 0u);
+  EXPECT_EQ(c.measured(), 0);
+  EXPECT_FALSE(c.stored(ps.partition("bwd_mlp"), {1200, 6, "linear"}));
 }
 
 // Issue 3's crash test: SIGKILL a sweep mid-run, restart it, and check that the store ends with

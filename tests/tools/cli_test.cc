@@ -1,8 +1,17 @@
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstring>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 
+#include "kareus/store.h"
 #include "test_util.h"
 
 namespace kareus {
@@ -87,6 +96,298 @@ TEST(Cli, EmulateJson) {
   EXPECT_GT(j.at("iteration_time_s").get<double>(), 0);
   EXPECT_EQ(test::run_cli("emulate " + wl + " --schedule fast").exit_code, 2);
   EXPECT_EQ(test::run_cli("emulate " + wl + " --freq 1411").exit_code, 2);
+}
+
+}  // namespace
+}  // namespace kareus
+
+// ---- Output paths, --db folders, interrupts: docs/cli.md, "Conventions".
+
+namespace kareus {
+namespace {
+
+const std::string kLlama3b = test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096");
+
+// Every emulated measurement takes 20 s: a run that measured one point could not fail within
+// kImmediateS, so a failure inside it proves the check came before any work.
+constexpr const char* kSlowMeasure = " --emulate-profiling-delay-ms 20000 --quiet";
+constexpr double kImmediateS = 10.0;
+
+struct Timed {
+  test::CommandResult r;
+  double seconds = 0;
+};
+Timed run_timed(const std::string& args) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Timed t{test::run_cli(args), 0};
+  t.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return t;
+}
+
+// The OS's reason for refusing a new file in `dir` (what kareus must quote), or "" when this
+// process may create files there.
+std::string create_refusal(const std::string& dir) {
+  const std::string probe = dir + "/kareus-cli-test-probe";
+  const int fd = ::open(probe.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
+  if (fd >= 0) {
+    ::close(fd);
+    ::unlink(probe.c_str());
+    return "";
+  }
+  return std::strerror(errno);
+}
+
+TEST(CliOutputs, UnwritablePathsFailBeforeAnyWorkWithTheOsReason) {
+  test::TempDir tmp;
+  const std::string file = tmp.write("a-file", "x\n");  // a path under it: ENOTDIR, even as root
+  const std::string db = tmp.file("good/profiles.db");  // a valid store that must not appear
+  const std::string not_dir = std::strerror(ENOTDIR);   // "Not a directory"
+  struct Case {
+    std::string args, flag, path;
+  };
+  const std::vector<Case> cases = {
+      {"plan " + kLlama3b + " --max-throughput --db " + db + " --out " + file + "/p.json", "--out",
+       file + "/p.json"},
+      {"plan " + kLlama3b + " --max-throughput --out " + tmp.file("p.json") + " --db " + file +
+           "/sub/x.db",
+       "--db", file + "/sub/x.db"},
+      {"optimize " + kLlama3b + " --db " + db + " --out " + file + "/o", "--out", file + "/o"},
+      {"frontier " + kLlama3b + " --db " + db + " --dump-dag " + file + "/d.json", "--dump-dag",
+       file + "/d.json"},
+      {"search " + kLlama3b + " --partition fwd_mlp --db " + db + " --ask " + file + "/a.csv",
+       "--ask", file + "/a.csv"},
+      {"profile " + kLlama3b + " --sweep --db " + file + "/p.db", "--db", file + "/p.db"},
+      {"profile " + kLlama3b + " --points " + file + " --append " + file + "/t.csv", "--append",
+       file + "/t.csv"},
+      {"eval --db " + db + " --out " + file + "/e.json", "--out", file + "/e.json"},
+      {"eval --db " + db + " --report " + file + "/r.md", "--report", file + "/r.md"},
+  };
+  for (const auto& c : cases) {
+    const Timed t = run_timed(c.args + kSlowMeasure);
+    EXPECT_EQ(t.r.exit_code, 2) << c.args << ": " << t.r.err;
+    EXPECT_LT(t.seconds, kImmediateS) << c.args;
+    // "--out DIR/a-file/p.json: DIR/a-file is not a directory (Not a directory); allowed: ..."
+    EXPECT_NE(t.r.err.find(c.flag + " " + c.path + ": " + file + " is not a directory (" + not_dir +
+                           "); allowed: "),
+              std::string::npos)
+        << c.args << ": " << t.r.err;
+  }
+  // plan show checks --png before it reads the plan.
+  const auto png =
+      test::run_cli("plan show " + tmp.file("absent.json") + " --png " + file + "/t.png");
+  EXPECT_EQ(png.exit_code, 2);
+  EXPECT_NE(png.err.find("--png " + file + "/t.png: " + file + " is not a directory"),
+            std::string::npos)
+      << png.err;
+  EXPECT_FALSE(std::filesystem::exists(tmp.file("good"))) << "a store was created before a check";
+  EXPECT_FALSE(std::filesystem::exists(tmp.file("p.json")));
+
+  // A place the OS refuses (sysfs, procfs: even root cannot create files there): the message
+  // quotes the OS's own reason, whatever it is on this machine.
+  int checked = 0;
+  for (const std::string& dir : {std::string("/sys"), std::string("/proc")}) {
+    const std::string reason = create_refusal(dir);
+    if (reason.empty()) continue;
+    ++checked;
+    for (const std::string& args :
+         {"plan " + kLlama3b + " --max-throughput --out " + dir + "/kareus-p.json",
+          "optimize " + kLlama3b + " --out " + dir + "/kareus-out",
+          "profile " + kLlama3b + " --sweep --db " + dir + "/kareus/x.db"}) {
+      const Timed t = run_timed(args + kSlowMeasure);
+      EXPECT_EQ(t.r.exit_code, 2) << args << ": " << t.r.err;
+      EXPECT_LT(t.seconds, kImmediateS) << args;
+      EXPECT_NE(t.r.err.find("cannot create files in the folder " + dir + " (" + reason + ")"),
+                std::string::npos)
+          << args << ": " << t.r.err;
+    }
+  }
+  if (checked == 0) GTEST_SKIP() << "/sys and /proc take new files here";
+}
+
+TEST(CliOutputs, OptimizeChecksWhatItWritesInsideAnExistingOut) {
+  test::TempDir tmp;
+  std::filesystem::create_directories(tmp.file("o/report.md"));  // a folder where a file goes
+  const Timed t = run_timed("optimize " + kLlama3b + " --out " + tmp.file("o") + kSlowMeasure);
+  EXPECT_EQ(t.r.exit_code, 2) << t.r.err;
+  EXPECT_LT(t.seconds, kImmediateS);
+  EXPECT_NE(t.r.err.find("--out " + tmp.file("o") + ": " + tmp.file("o/report.md") +
+                         " is a directory (" + std::strerror(EISDIR) + ")"),
+            std::string::npos)
+      << t.r.err;
+}
+
+TEST(CliOutputs, DbCreatesItsMissingFolders) {
+  test::TempDir tmp;
+  const std::string db = tmp.file("out/nested/profiles.db");
+  const auto r =
+      test::run_cli("profile " + kLlama3b +
+                    " --partition fwd_attn --freq 1410 --sms 24 --slot norm --json --db " + db);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_TRUE(std::filesystem::is_regular_file(db));
+  EXPECT_EQ(ProfileStore(db).count_all(), 1u);
+  // The same point again is served from the store: still one row.
+  ASSERT_EQ(test::run_cli("profile " + kLlama3b +
+                          " --partition fwd_attn --freq 1410 --sms 24 --slot norm --db " + db)
+                .exit_code,
+            0);
+  EXPECT_EQ(ProfileStore(db).count_all(), 1u);
+}
+
+// A number beyond int used to stop at "Could not convert: --freq = 99999999999", without the
+// limit; now every such flag names its range while the command line is parsed.
+TEST(CliLimits, NumbersBeyondIntNameTheLimit) {
+  struct Case {
+    std::string args, expected;
+  };
+  const std::string one = "profile " + kLlama3b + " --partition fwd_attn";
+  for (const auto& c : std::vector<Case>{
+           {one + " --freq 99999999999 --sms 24 --slot norm",
+            "--freq: '99999999999' is not allowed: an integer number of MHz in 1..100000"},
+           {one + " --freq 1410 --sms 99999999999 --slot norm",
+            "--sms: '99999999999' is not allowed: an integer number of SMs in 1..32"},
+           {one + " --freq 1410 --sms 24 --slot norm --backend cuda --devices 0,99999999999999",
+            "--devices: '99999999999999' is not allowed: an integer number of device index in "
+            "0..1023"},
+           {"emulate " + kLlama3b + " --freq 99999999999",
+            "--freq: '99999999999' is not allowed: an integer number of MHz in 1..100000"},
+       }) {
+    const auto r = test::run_cli(c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args;
+    EXPECT_NE(r.err.find(c.expected), std::string::npos) << c.args << ": " << r.err;
+  }
+}
+
+// A running `kareus ARGS` with its stderr on a pipe (stdout to a file), to be signalled.
+class Child {
+ public:
+  explicit Child(const std::vector<std::string>& args, const std::string& out_path) {
+    int fds[2];
+    if (::pipe(fds) != 0) throw std::runtime_error("pipe");
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      // A test run from a background shell job would pass SIGINT ignored: kareus keeps an
+      // ignored SIGINT ignored, so give it the default, as an interactive shell does.
+      ::signal(SIGINT, SIG_DFL);
+      ::signal(SIGTERM, SIG_DFL);
+      ::dup2(fds[1], STDERR_FILENO);
+      const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      ::dup2(out, STDOUT_FILENO);
+      ::close(fds[0]);
+      std::vector<char*> argv;
+      std::string exe = KAREUS_CLI;
+      argv.push_back(exe.data());
+      std::vector<std::string> copy = args;
+      for (auto& a : copy) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(KAREUS_CLI, argv.data());
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    fd_ = fds[0];
+  }
+  ~Child() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (fd_ >= 0) ::close(fd_);
+  }
+  /// Reads stderr until `re` matches the text so far, or `timeout_s` passes; true on a match.
+  bool wait_for(const std::regex& re, double timeout_s) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    while (!std::regex_search(err_, re)) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            end - std::chrono::steady_clock::now())
+                            .count();
+      if (left <= 0) return false;
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left)) <= 0) continue;
+      char buf[4096];
+      const ssize_t n = ::read(fd_, buf, sizeof buf);
+      if (n <= 0) return std::regex_search(err_, re);
+      err_.append(buf, static_cast<std::size_t>(n));
+    }
+    return true;
+  }
+  void signal(int sig) const { ::kill(pid_, sig); }
+  /// Waits for the exit (reading the rest of stderr); the exit code, or 128 + signal.
+  int wait() {
+    char buf[4096];
+    for (ssize_t n; (n = ::read(fd_, buf, sizeof buf)) > 0;)
+      err_.append(buf, static_cast<std::size_t>(n));
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    reaped_ = true;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  const std::string& err() const { return err_; }
+
+ private:
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  bool reaped_ = false;
+  std::string err_;
+};
+
+std::vector<std::string> split_args(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string a; ss >> a;) out.push_back(a);
+  return out;
+}
+
+TEST(CliInterrupt, SigintKeepsTheMeasurementsAndTheRerunResumes) {
+  test::TempDir tmp;
+  const std::string db = tmp.file("out/profiles.db");
+  // 20 ms per measurement: the search's 128 points take a few seconds, time to interrupt it.
+  const std::string args = "optimize " + kLlama3b + " --out " + tmp.file("o") + " --db " + db +
+                           " --budget 32 --emulate-profiling-delay-ms 20";
+  Child child(split_args(args), tmp.file("stdout"));
+  // Off a terminal the bar prints a line per tenth: wait for the search to be 10% done.
+  ASSERT_TRUE(child.wait_for(std::regex("search \\[[#-]+\\] [0-9]+/[0-9]+ +[1-9][0-9]%"), 120))
+      << child.err();
+  child.signal(SIGINT);
+  const int rc = child.wait();
+  EXPECT_EQ(rc, 130) << child.err();
+  // "kareus: interrupted (SIGINT): N measurements kept in DB (N taken by this run); rerun the
+  // same command with --db DB to resume ..."
+  const std::regex msg("kareus: interrupted \\(SIGINT\\): ([0-9]+) measurements? kept in " + db +
+                       " \\(([0-9]+) taken by this run\\); rerun the same command with --db " + db +
+                       " to resume");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(child.err(), m, msg)) << child.err();
+  const std::size_t kept = std::stoul(m[1]);
+  EXPECT_GT(kept, 0u);
+  EXPECT_EQ(std::stoul(m[2]), kept);  // the store was new
+  EXPECT_EQ(ProfileStore(db).count_all(), kept);
+  EXPECT_FALSE(std::filesystem::exists(tmp.file("o/frontier.json"))) << "wrote partial output";
+
+  // The same command again reuses every kept point and measures only the rest.
+  const auto again = test::run_cli(args + " --json --quiet");
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  const auto prof = nlohmann::json::parse(again.out).at("profiling");
+  EXPECT_EQ(prof.at("reused").get<std::size_t>(), kept);
+  const auto measured = prof.at("measured").get<std::size_t>();
+  EXPECT_GT(measured, 0u);
+  EXPECT_EQ(prof.at("points").get<std::size_t>(), kept + measured);
+  EXPECT_EQ(ProfileStore(db).count_all(), kept + measured);
+  EXPECT_TRUE(std::filesystem::exists(tmp.file("o/frontier.json")));
+}
+
+TEST(CliInterrupt, SigtermWithoutDbSaysNothingWasKeptAndHowToKeepIt) {
+  test::TempDir tmp;
+  Child child(split_args("search " + kLlama3b +
+                         " --partition fwd_mlp --budget 64 --emulate-profiling-delay-ms 50"),
+              tmp.file("stdout"));
+  ASSERT_TRUE(child.wait_for(std::regex("search fwd_mlp .*\\] [1-9][0-9]*/64"), 120))
+      << child.err();
+  child.signal(SIGTERM);
+  EXPECT_EQ(child.wait(), 143) << child.err();
+  EXPECT_NE(child.err().find("kareus: interrupted (SIGTERM): nothing was kept: without --db "
+                             "measurements live in memory only; run with --db PATH"),
+            std::string::npos)
+      << child.err();
+  EXPECT_TRUE(test::read_file(tmp.file("stdout")).empty());
 }
 
 }  // namespace

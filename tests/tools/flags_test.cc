@@ -90,7 +90,8 @@ TEST(CliFlags, PlanRefusesBadFlagsBeforeSearching) {
           {"--max-throughput --out " + tmp.path(), "--out|is a directory"},
           {"--max-throughput --out " + tmp.file("missing/p.json"), "--out|does not exist"},
           {"--max-throughput --db /dev/null" + out, "--db /dev/null|profile store"},
-          {"--max-throughput --db " + tmp.file("missing/x.db") + out, "--db|does not exist"},
+          {"--max-throughput --db " + not_sqlite + "/x.db" + out,
+           "--db " + not_sqlite + "/x.db|" + not_sqlite + " is not a directory|Not a directory"},
           {"--max-throughput --db " + tmp.path() + out, "--db|is a directory"},
           {"--max-throughput --db " + not_sqlite + out, "--db " + not_sqlite + "|not a usable"},
       });

@@ -268,6 +268,100 @@ TEST(WorkloadLimits, CodeBuiltWorkloadsAreCheckedBeforeArithmetic) {
   }
 }
 
+// ---- Duplicate keys: yaml-cpp keeps the first silently; Kareus names the key and both lines.
+
+std::string duplicate_message(const std::string& yaml) {
+  try {
+    parse_workload(yaml, "dup.yaml");
+  } catch (const InvalidInput& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+TEST(WorkloadErrors, DuplicateKeysNameTheKeyAndBothLines) {
+  const std::string g =
+      kGood;  // lines: 1 model, 2 gpu, 3 cluster, 4 parallel, 5 batch, 6 recompute
+  struct Case {
+    std::string yaml;
+    std::string expected;  ///< the whole message after "dup.yaml: "
+  };
+  const std::string rest =
+      "; allowed: each key once per mapping (YAML would silently keep the first value); remove "
+      "one of them";
+  const std::vector<Case> cases = {
+      // An override appended at the end: today's first-wins would ignore it.
+      {g + "recompute: none\n", "key 'recompute': duplicate key at lines 6 and 7" + rest},
+      {g + "batch: {micro_batch: 8, seq_len: 8192, micro_batches: 8}\n",
+       "key 'batch': duplicate key at lines 5 and 7" + rest},
+      // Inside the flow mappings: the same line, so the columns too.
+      {replace(g, "nodes: 2, gpus_per_node: 8", "nodes: 2, gpus_per_node: 8, nodes: 1"),
+       "key 'cluster.nodes': duplicate key at line 3 (columns 11 and 39)" + rest},
+      {replace(g, "micro_batches: 8,", "micro_batches: 8, micro_batches: 4,"),
+       "key 'batch.micro_batches': duplicate key at line 5 (columns 40 and 58)" + rest},
+      // Block mappings, one level down.
+      {replace(g,
+               "parallel: {tp: 8, cp: 1, pp: 2, dp: 1, sequence_parallel: false, stage_layers: "
+               "[15, 13]}",
+               "parallel:\n  tp: 8\n  pp: 2\n  tp: 4\n"),
+       "key 'parallel.tp': duplicate key at lines 5 and 7" + rest},
+      {replace(g, "model: llama3.2-3b\n",
+               "model:\n  layers: 28\n  hidden: 3072\n  ffn_hidden: 8192\n  heads: 24\n"
+               "  kv_heads: 8\n  head_dim: 128\n  vocab: 128256\n  hidden: 4096\n"),
+       "key 'model.hidden': duplicate key at lines 3 and 9" + rest},
+  };
+  for (const auto& c : cases) {
+    EXPECT_EQ(duplicate_message(c.yaml), "dup.yaml: " + c.expected) << c.yaml;
+  }
+  // The same key in different mappings is fine.
+  EXPECT_EQ(
+      parse_workload(replace(g, "recompute: full", "recompute: full\nname: tp"), "ok.yaml").name,
+      "tp");
+  // Through the CLI: exit 2, the file, the key and both lines.
+  test::TempDir tmp;
+  const std::string path = tmp.write("dup.yaml", g + "gpu: h100-sxm\n");
+  const auto r = test::run_cli("workload show " + path);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find(path + ": key 'gpu': duplicate key at lines 2 and 7"), std::string::npos)
+      << r.err;
+  EXPECT_TRUE(r.out.empty());
+}
+
+// ---- "Too large" always names the limit, whatever form the number takes.
+
+TEST(WorkloadLimits, TooLargeInAnyNotationNamesTheLimit) {
+  const std::string g = kGood;
+  struct Case {
+    std::string from, to, expected;
+  };
+  const std::string mb_why =
+      " (planning keeps every (stage, micro-batch) pass in memory; 2x the sequences of the "
+      "largest published global batch (2048) at one sequence per micro-batch)";
+  const std::vector<Case> cases = {
+      // Above the int range: used to say "value 100000000000 is too large" without a limit.
+      {"micro_batches: 8", "micro_batches: 100000000000",
+       "key 'batch.micro_batches': 100000000000 is above the limit of 4096" + mb_why},
+      // Exponent notation and beyond 64 bits: used to say "expected a positive integer".
+      {"micro_batches: 8", "micro_batches: 1e11",
+       "key 'batch.micro_batches': 1e11 is above the limit of 4096" + mb_why},
+      {"micro_batches: 8", "micro_batches: 99999999999999999999999",
+       "key 'batch.micro_batches': 99999999999999999999999 is above the limit of 4096" + mb_why},
+      {"seq_len: 4096", "seq_len: 1e999",
+       "key 'batch.seq_len': 1e999 is above the limit of 4194304 (4x the longest trained context "
+       "(1M tokens))"},
+      // A key without its own limit gets the general one.
+      {"nano_batches: 2", "nano_batches: 5000000000",
+       "key 'batch.nano_batches': 5000000000 is above the limit of 1000000000 (the largest size "
+       "a workload takes)"},
+  };
+  for (const auto& c : cases) {
+    EXPECT_EQ(limit_message(replace(g, c.from, c.to)), "big.yaml: " + c.expected) << c.to;
+  }
+  // Small numbers in other notations are still not integers.
+  EXPECT_EQ(limit_message(replace(g, "micro_batches: 8", "micro_batches: 2.5")),
+            "big.yaml: key 'batch.micro_batches': expected a positive integer, got '2.5'");
+}
+
 TEST(WorkloadErrors, MissingFileExitsTwo) {
   const auto r = test::run_cli("workload show /nonexistent/w.yaml");
   EXPECT_EQ(r.exit_code, 2);

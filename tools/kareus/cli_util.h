@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "kareus/error.h"
 #include "kareus/workload.h"
@@ -54,34 +55,28 @@ inline CLI::Validator integer_in(long long lo, long long hi, const std::string& 
       fmt::format("in {}..{}", lo, hi));
 }
 
-/// Refuses an output file path that cannot be written: a directory, or a file in a folder that
-/// does not exist.
-inline void check_output_file(const std::string& flag, const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (path.empty()) throw InvalidInput(fmt::format("{} needs a file path", flag));
-  if (fs::is_directory(path, ec)) {
-    throw InvalidInput(
-        fmt::format("{} {}: is a directory; allowed: a file path to write", flag, path));
-  }
-  const fs::path parent = fs::path(path).parent_path();
-  if (!parent.empty() && !fs::is_directory(parent, ec)) {
-    throw InvalidInput(
-        fmt::format("{} {}: the folder {} does not exist; allowed: a file path in "
-                    "an existing folder",
-                    flag, path, parent.string()));
-  }
-}
+/// What a verb writes at a path its command line names.
+enum class OutputKind {
+  kFile,              ///< a file, in an existing folder
+  kFileWithSiblings,  ///< a file and files beside it (a plot's script and data), existing folder
+  kStore,             ///< a profile store (SQLite: -wal, -shm beside it); missing folders created
+  kFolder,            ///< a folder, created if missing; `inside` names what is written in it
+};
 
-/// Refuses an output directory path that names an existing non-directory.
-inline void check_output_dir(const std::string& flag, const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::exists(path, ec) && !std::filesystem::is_directory(path, ec)) {
-    throw InvalidInput(fmt::format(
-        "{} {}: exists and is not a directory; allowed: a directory (created if missing)", flag,
-        path));
-  }
-}
+/// The one check of every output path (--out, --db, --report, --png, --dump-dag, --ask,
+/// --append), made before anything is loaded, searched or measured: the OS is asked whether
+/// the file can be opened for writing and its folder (or, where folders are created, the
+/// nearest existing one) takes new files, so a read-only or full-of-files place fails at once.
+/// Throws InvalidInput naming the flag, the path, the OS's reason (strerror: "Permission
+/// denied", "Read-only file system", "Not a directory", "Is a directory") and what is allowed.
+/// Creates and changes nothing. `inside`: paths relative to a kFolder the verb writes (a
+/// trailing '/' marks a folder); those that exist must be writable and of that kind.
+/// (output_check.cc)
+void check_output(const std::string& flag, const std::string& path, OutputKind kind,
+                  const std::vector<std::string>& inside = {});
+
+/// Creates the missing folders above `path` (a kStore); InvalidInput with the OS's reason.
+void create_parent_folders(const std::string& flag, const std::string& path);
 
 /// Refuses an input file that does not exist or is a directory.
 inline void check_input_file(const std::string& flag, const std::string& path) {

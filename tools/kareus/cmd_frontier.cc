@@ -267,7 +267,7 @@ void register_frontier(CLI::App& app, Action& action) {
       const PlannerFlags& flags = args->flags;
       const Method m = method_from_string(args->method);
       check_planner_flags(flags);
-      if (!dump_dag.empty()) check_output_file("--dump-dag", dump_dag);
+      if (!dump_dag.empty()) check_output("--dump-dag", dump_dag, OutputKind::kFile);
       const Workload w = load_job(file);
       ProfilingSession session = open_profiling(flags.profiling, w);
       PipelineProgress progress(!flags.quiet);
@@ -351,11 +351,12 @@ void register_plan(CLI::App& app, Action& action) {
   show->callback([&action, show_args] {
     action = [show_args] {
       const PlanShowArgs& a = *show_args;
+      // The picture, its script and data go beside each other: checked before any loading.
+      if (!a.png.empty()) check_output("--png", a.png, OutputKind::kFileWithSiblings);
       std::optional<Workload> w;
       if (!a.workload.empty()) w = load_job(a.workload);
       const Plan p = w ? load_plan(a.file, *w) : load_plan(a.file);
       if (!a.png.empty()) {
-        check_output_file("--png", a.png);
         std::string error;
         if (!plot_timeline({{fmt::format("{} plan ({})", p.method, p.goal), &p}}, a.png, error))
           throw NotSupported("--png " + a.png + ": " + error);
@@ -410,7 +411,7 @@ void register_plan(CLI::App& app, Action& action) {
             "plan needs a workload FILE or --from FRONTIER.json (or: kareus plan show PLAN)");
       }
       if (out.empty()) throw InvalidInput("plan needs --out PLAN.json");
-      check_output_file("--out", out);
+      check_output("--out", out, OutputKind::kFile);
       const Method method = method_from_string(args->method);
       check_planner_flags(flags);
       Goal goal;

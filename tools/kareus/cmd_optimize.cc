@@ -17,6 +17,7 @@
 #include "kareus/error.h"
 #include "kareus/evaluate.h"
 #include "kareus/frontier_file.h"
+#include "kareus/interrupt.h"
 #include "planner_flags.h"
 
 namespace kareus::cli {
@@ -43,6 +44,12 @@ std::filesystem::path make_dir(const std::string& dir) {
     throw InvalidInput(fmt::format("--out {}: cannot create directory ({})", dir, ec.message()));
   return dir;
 }
+
+/// What `optimize` writes in its --out folder (a trailing '/' marks a folder): checked, with the
+/// folder, before any work.
+const std::vector<std::string> kOptimizeOutputs = {
+    "frontier.json",           "report.md", "frontier.png", "plot_frontier.py",
+    "frontier_plot_data.json", "plans/",    "timelines/"};
 
 /// The flags of `kareus optimize`, owned by the subcommand's callback.
 struct OptimizeArgs {
@@ -76,7 +83,7 @@ void register_optimize(CLI::App& app, Action& action) {
       const PlannerFlags& flags = args->flags;
       const bool json = args->json;
       check_planner_flags(flags);
-      check_output_dir("--out", out);
+      check_output("--out", out, OutputKind::kFolder, kOptimizeOutputs);
       const Workload w = load_job(file);
       ProfilingSession session = open_profiling(flags.profiling, w);
       const auto dir = make_dir(out);
@@ -173,7 +180,11 @@ std::vector<WorkloadEvaluation> evaluate_all(const std::vector<Workload>& worklo
     for (std::size_t i = next++; i < workloads.size(); i = next++) {
       try {
         ProfilingSession s = open_profiling(a.flags.profiling, workloads[i]);
-        results[i] = evaluate_workload(workloads[i], *s.cached, a.flags.planner);
+        // No display per workload, but every step checks for a stop request (SIGINT/SIGTERM).
+        const PlannerProgress poll = [](const std::string&, std::size_t, std::size_t) {
+          throw_if_interrupted();
+        };
+        results[i] = evaluate_workload(workloads[i], *s.cached, a.flags.planner, poll);
       } catch (...) {
         errors[i] = std::current_exception();
       }
@@ -186,6 +197,17 @@ std::vector<WorkloadEvaluation> evaluate_all(const std::vector<Workload>& worklo
     pool.emplace_back(worker);
   for (auto& t : pool) t.join();
   bar.finish();
+  // A stop request ends every worker: report it as such (exit 128 + signal), not as the
+  // failure of one workload.
+  for (const auto& error : errors) {
+    if (!error) continue;
+    try {
+      std::rethrow_exception(error);
+    } catch (const Interrupted&) {
+      throw;
+    } catch (...) {
+    }
+  }
   for (std::size_t i = 0; i < errors.size(); ++i) {
     if (!errors[i]) continue;
     const std::string& name = workloads[i].name;
@@ -204,8 +226,8 @@ std::vector<WorkloadEvaluation> evaluate_all(const std::vector<Workload>& worklo
 
 int run_eval(const EvalArgs& a) {
   check_planner_flags(a.flags);
-  if (!a.out.empty()) check_output_file("--out", a.out);
-  if (!a.report_out.empty()) check_output_file("--report", a.report_out);
+  if (!a.out.empty()) check_output("--out", a.out, OutputKind::kFile);
+  if (!a.report_out.empty()) check_output("--report", a.report_out, OutputKind::kFile);
   std::vector<Workload> workloads;
   for (const auto& f : suite_files(a.suite)) workloads.push_back(load_job(f));
   // One open in this thread first: a bad --db fails here, before any worker starts.

@@ -139,8 +139,11 @@ void register_profile(CLI::App& app, Action& action) {
   ProfileArgs& a = *args;
   cmd->add_option("FILE", a.file, "workload YAML file")->required();
   cmd->add_option("--partition", a.partition, "partition key (see `kareus workload show`)");
-  cmd->add_option("--freq", a.freq, "SM clock in MHz");
-  cmd->add_option("--sms", a.sms, "SMs (CTAs) given to the collective");
+  // Bounded while parsing, so a value beyond int says its limit instead of "Could not convert";
+  // the GPU's own clocks are checked once the workload is loaded.
+  cmd->add_option("--freq", a.freq, "SM clock in MHz")->check(integer_in(1, 100000, "MHz"));
+  cmd->add_option("--sms", a.sms, "SMs (CTAs) given to the collective")
+      ->check(integer_in(1, kMaxCollectiveSms, "SMs"));
   cmd->add_option("--slot", a.slot, "launch slot of the collective");
   cmd->add_flag("--sweep", a.sweep,
                 fmt::format("measure every configuration (all partitions by default) into the "
@@ -176,12 +179,11 @@ void register_profile(CLI::App& app, Action& action) {
       }
       if (!append.empty() && points.empty()) throw InvalidInput("--append needs --points FILE");
       if (!points.empty()) check_input_file("--points", points);
-      if (!append.empty()) check_output_file("--append", append);
+      if (!append.empty()) check_output("--append", append, OutputKind::kFile);
       if (sweep && flags.db.empty()) {
-        // The store a sweep fills is what later runs reuse: default to the one `make run` uses.
+        // The store a sweep fills is what later runs reuse: default to the one `make run` uses
+        // (its folder is created, as for every --db).
         flags.db = kDefaultSweepDb;
-        std::error_code ec;
-        std::filesystem::create_directories(std::filesystem::path(flags.db).parent_path(), ec);
       }
       check_profiling_flags(flags);
       const Workload w = load_job(file);

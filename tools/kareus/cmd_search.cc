@@ -111,15 +111,21 @@ void register_search(CLI::App& app, Action& action) {
       const bool json = args->json, quiet = args->quiet;
       const ProfilingFlags& flags = args->flags;
       auto strat = create_search_strategy(strategy);
-      if (!ask.empty()) check_output_file("--ask", ask);
+      if (!ask.empty()) check_output("--ask", ask, OutputKind::kFile);
+      // The ask/tell loop's first run creates the trace it will read.
+      const bool new_trace = !ask.empty() && flags.backend == "trace" && !flags.trace.empty() &&
+                             !std::filesystem::exists(flags.trace);
+      if (new_trace) check_output("--trace", flags.trace, OutputKind::kFile);
       check_profiling_flags(flags);
       const Workload w = load_job(file);
       const PartitionSet ps = partition_workload(w);
       const Partition& p = ps.partition(partition);
-      if (!ask.empty() && flags.backend == "trace" && !flags.trace.empty() &&
-          !std::filesystem::exists(flags.trace)) {
+      if (new_trace) {
         // The loop's first run: nothing measured yet.
-        std::ofstream(flags.trace) << kTraceHeader << "\n";
+        std::ofstream out(flags.trace);
+        out << kTraceHeader << "\n";
+        out.close();
+        if (!out) throw InvalidInput(fmt::format("--trace {}: cannot write the file", flags.trace));
       }
       ProfilingSession session = open_profiling(flags, w);
       session.cached->set_ask_mode(!ask.empty());

@@ -1,5 +1,6 @@
 // Entry point of the `kareus` CLI. The only place that turns errors into exit codes:
-// 0 success, 1 internal error, 2 invalid input (bad file, flag or database).
+// 0 success, 1 internal error, 2 invalid input (bad file, flag or database), 128 + signal after
+// SIGINT/SIGTERM (130, 143; interrupt.h).
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -7,6 +8,7 @@
 #include <exception>
 
 #include "commands.h"
+#include "interrupt.h"
 #include "kareus/error.h"
 #include "mpi_run.h"
 
@@ -55,6 +57,10 @@ int main(int argc, char** argv) {
   } catch (const kareus::InvalidInput& e) {
     std::fprintf(stderr, "kareus: error: %s\n", e.what());
     return 2;
+  } catch (const kareus::Interrupted& e) {
+    // After a SIGINT/SIGTERM: what the profile store kept and how to resume; 130 or 143.
+    std::fprintf(stderr, "kareus: %s\n", kareus::cli::interrupted_message(e).c_str());
+    return 128 + e.signal();
   } catch (const kareus::NotSupported& e) {
     std::fprintf(stderr, "kareus: not supported: %s\n", e.what());
     return 2;

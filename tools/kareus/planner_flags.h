@@ -8,6 +8,7 @@
 
 #include "cli_util.h"
 #include "kareus/error.h"
+#include "kareus/interrupt.h"
 #include "kareus/planner.h"
 #include "kareus/progress.h"
 #include "kareus/search.h"
@@ -70,12 +71,14 @@ inline void check_planner_flags(const PlannerFlags& f) {
   check_profiling_flags(f.profiling);
 }
 
-/// Progress of a pipeline run: one bar per stage, on stderr.
+/// Progress of a pipeline run: one bar per stage, on stderr. Each step also checks for a stop
+/// request (kareus/interrupt.h), so planning stages without measurements stop too.
 class PipelineProgress {
  public:
   explicit PipelineProgress(bool enabled) : enabled_(enabled) {}
   PlannerProgress callback() {
     return [this](const std::string& stage, std::size_t done, std::size_t total) {
+      throw_if_interrupted();  // every step of every stage: SIGINT/SIGTERM stop here
       if (!enabled_) return;
       if (!bar_ || stage != stage_) {
         if (bar_) bar_->finish();

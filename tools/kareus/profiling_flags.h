@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli_util.h"
+#include "interrupt.h"
 #include "kareus/distributed.h"
 #include "kareus/error.h"
 #include "kareus/profiler.h"
@@ -35,6 +36,10 @@ struct ProfilingFlags {
   double cooldown_s = 5.0;
   bool mpi = false;  ///< distributed profiling: rank 0 searches, the other ranks measure
 };
+
+/// The largest CUDA device index --devices takes (NVML drives at most 64 GPUs per process; a
+/// value beyond int would otherwise be refused without its limit).
+constexpr long long kMaxCudaDeviceIndex = 1023;
 
 /// Rank 0's coordinator when the job runs with --mpi (set by main), else null.
 inline distributed::Coordinator* mpi_coordinator = nullptr;
@@ -64,7 +69,7 @@ inline void add_profiling_flags(CLI::App* cmd, ProfilingFlags& f) {
   cmd->add_option("--devices", f.devices,
                   "cuda: CUDA device indices of the partition's group, e.g. 0,1,2,3 (default: all)")
       ->delimiter(',')
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_in(0, kMaxCudaDeviceIndex, "device index"));
   cmd->add_option("--window-s", f.window_s, "cuda: measurement window per point (s)")
       ->capture_default_str()
       ->check(finite_in(0, true, 3600, "seconds"));
@@ -77,10 +82,11 @@ inline void add_profiling_flags(CLI::App* cmd, ProfilingFlags& f) {
 }
 
 /// The checks of the profiling flags that CLI11 cannot make while parsing; run before anything
-/// is loaded or measured. (The store itself is opened, and so checked, by open_profiling,
+/// is loaded or measured: --db must be writable where it is (or, its folders missing, where
+/// they would be created). (The store itself is opened, and so checked, by open_profiling,
 /// before any measurement.)
 inline void check_profiling_flags(const ProfilingFlags& f) {
-  if (!f.db.empty()) check_output_file("--db", f.db);
+  if (!f.db.empty()) check_output("--db", f.db, OutputKind::kStore);
 }
 
 /// The backend and (optional) store the flags ask for.
@@ -118,6 +124,7 @@ inline ProfilingSession open_profiling(const ProfilingFlags& f, const Workload& 
     s.backend = create_profiler(f.backend, o);
   }
   if (!f.db.empty()) {
+    create_parent_folders("--db", f.db);  // like optimize --out
     try {
       s.store = std::make_unique<ProfileStore>(f.db);
     } catch (const InvalidInput& e) {
@@ -126,7 +133,10 @@ inline ProfilingSession open_profiling(const ProfilingFlags& f, const Workload& 
       throw InvalidInput(msg.rfind(f.db + ":", 0) == 0 ? "--db " + msg
                                                        : fmt::format("--db {}: {}", f.db, msg));
     }
+    note_profile_store(f.db, s.store->count_all());
   }
+  // From here on a SIGINT/SIGTERM stops the run between two measurements (interrupt.h).
+  install_interrupt_handlers();
   s.cached = std::make_unique<CachedProfiler>(*s.backend, s.store.get());
   if (remote) s.cached->set_parallel(remote);
   if (const auto fixed = s.backend->fixed_freq_mhz()) {
