@@ -11,6 +11,7 @@
 
 #include "kareus/error.h"
 #include "kareus/frontier_file.h"
+#include "kareus/interrupt.h"
 #include "kareus/pareto.h"
 
 namespace kareus {
@@ -278,6 +279,7 @@ WorkloadEvaluation evaluate_workload(const Workload& w, CachedProfiler& profiler
   Planner planner(w, profiler, o, progress);
   e.searches = planner.search_partitions();
   const Frontiers f = method_frontiers(w, planner);
+  throw_if_interrupted();  // the replays below report no progress
   e.kareus_only = summary(f.at(Method::kKareus));
   e.perseus = summary(f.at(Method::kPerseus));
   e.nanobatch_perseus = summary(f.at(Method::kNanobatchPerseus));

@@ -385,7 +385,11 @@ FrontierFile load_frontier_file(const std::string& path) {
     const std::string pp = fmt::format("points[{}]", k);
     FrontierRef ref{method_from_string(r.get<std::string>(points[k], "method", pp)),
                     r.get<std::size_t>(points[k], "index", pp)};
-    if (ref.index >= f.method(ref.method).points.size()) r.fail(pp + ".index", "out of range");
+    const std::size_t n = f.method(ref.method).points.size();
+    if (ref.index >= n) {
+      r.fail(pp + ".index", fmt::format("{}: allowed 0..{} (the {} frontier's points)", ref.index,
+                                        n - 1, to_string(ref.method)));
+    }
     f.merged.push_back(ref);
   }
   return f;

@@ -392,6 +392,13 @@ std::vector<Method> contained_methods(Method m) {
 // fallback to their plans.
 MethodFrontier Planner::frontier(Method m) {
   if (auto it = frontiers_.find(m); it != frontiers_.end()) return it->second;
+  if (const Method run_as = sequential_counterpart(w_, m); run_as != m) {
+    // One nano-batch: the method plans exactly as its sequential counterpart (same tables, same
+    // DAG), so its frontier is that one under its own name.
+    MethodFrontier same = frontier(run_as);
+    same.method = m;
+    return frontiers_.emplace(m, std::move(same)).first->second;
+  }
   MethodFrontier mf = frontier_layers(m);
   for (Method c : contained_methods(m)) {
     const MethodFrontier other = frontier(c);

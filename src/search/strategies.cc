@@ -32,6 +32,7 @@
 #include <random>
 
 #include "kareus/error.h"
+#include "kareus/interrupt.h"
 #include "kareus/search.h"
 #include "selection.h"
 
@@ -118,6 +119,7 @@ class Recorder {
   // One batch through one CachedProfiler call, so that ask/tell profiling can ask for the whole
   // batch at once; points are recorded as they are served, in the batch's order.
   void measure_batch(const std::vector<std::size_t>& batch) {
+    throw_if_interrupted();  // a stop lands before the next batch, not only at a measurement
     std::vector<std::size_t> idx;
     std::vector<PartitionConfig> configs;
     std::vector<bool> from_store, in_batch(taken_.size(), false);
