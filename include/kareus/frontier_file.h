@@ -54,6 +54,10 @@ nlohmann::json frontiers_to_json(const std::map<Method, MethodFrontier>& f,
 void add_frontier_identity(nlohmann::json& j, const Workload& w, const std::string& workload_yaml,
                            const PlannerOptions& o);
 
+/// frontier.json's text: one top-level key per line, each value compact. Indenting every array
+/// element (a run of choices is [index, count]) would make the file four times larger.
+std::string frontier_file_text(const nlohmann::json& j);
+
 /// A loaded frontier.json with every method's DAG rebuilt, ready for materialize_plan.
 // clang-tidy 14 reports this aggregate's implicit special members under
 // bugprone-exception-escape without naming a throw site (as for WorkloadEvaluation).

@@ -60,8 +60,6 @@ struct PartitionSearchSummary {
   int evaluations = 0;
   int resumed = 0;
   int coverage_points = 0;  ///< extra measurements so that every clock has an option
-  /// Nanobatching's configuration measured at every clock (shared with that baseline).
-  int baseline_points = 0;
 };
 
 /// Time and dynamic energy of a segment that runs once (a message between stages, a

@@ -302,6 +302,18 @@ void add_frontier_identity(nlohmann::json& j, const Workload& w, const std::stri
   j["inputs_hash"] = inputs_hash(j);
 }
 
+std::string frontier_file_text(const nlohmann::json& j) {
+  if (!j.is_object()) return j.dump() + "\n";
+  std::string out = "{";
+  bool first = true;
+  for (const auto& [key, value] : j.items()) {
+    out += first ? "\n" : ",\n";
+    first = false;
+    out += nlohmann::json(key).dump() + ": " + value.dump();
+  }
+  return out + "\n}\n";
+}
+
 const MethodFrontier& FrontierFile::method(Method m) const {
   auto it = methods.find(m);
   if (it != methods.end()) return it->second;

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -76,6 +77,11 @@ TEST(FrontierFile, StoredPointsMaterializeToTheSamePlans) {
 
 TEST(FrontierFile, CompactChoicesNotPlans) {
   const Stored& s = stored();
+  // The file's text: one top-level key per line, values compact, the same JSON.
+  const std::string file_text = frontier_file_text(s.j);
+  EXPECT_EQ(nlohmann::json::parse(file_text), s.j);
+  EXPECT_EQ(static_cast<std::size_t>(std::count(file_text.begin(), file_text.end(), '\n')),
+            s.j.size() + 2);
   const std::string text = s.j.dump();
   EXPECT_EQ(text.find("\"stages\""), std::string::npos);  // no plan inside
   const auto& k = s.j["methods"]["kareus"];
