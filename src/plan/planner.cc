@@ -390,11 +390,24 @@ MethodFrontier Planner::frontier(Method m) {
     return frontiers_.emplace(m, std::move(same)).first->second;
   }
   MethodFrontier mf = frontier_layers(m);
-  for (Method c : contained_methods(m)) {
-    const MethodFrontier other = frontier(c);
+  auto take_points_of = [&mf](const MethodFrontier& other) {
     for (const FrontierPoint& p : other.points) {
       mf.points.push_back(evaluated_point(mf, map_uniform_choice(other, mf, p.choice, true)));
     }
+  };
+  for (Method c : contained_methods(m)) take_points_of(frontier(c));
+  if (o_.per_layer && !contained_methods(m).empty()) {
+    // The uniform frontier's candidates map onto the per-layer options no slower node by node
+    // but not always as fast as on the uniform options, so the per-layer frontier also takes
+    // every point of the uniform planner's frontier (the same searched fronts): --per-layer
+    // never loses to the frontier without it.
+    PlannerOptions uniform_o = o_;
+    uniform_o.per_layer = false;
+    Planner uniform(w_, profiler_, uniform_o);
+    uniform.searched_fronts_ = searched_fronts_;
+    uniform.summaries_ = summaries_;
+    uniform.searched_ = searched_;
+    take_points_of(uniform.frontier(m));
   }
   mf.points = pareto_frontier(mf.points);
   return frontiers_.emplace(m, std::move(mf)).first->second;
