@@ -66,7 +66,9 @@ struct SimResult {
   double time_s = 0;
   double dynamic_energy_j = 0;  ///< above static power
   double compute_end_s = 0;     ///< when the compute stream finished
-  double collective_end_s = 0;  ///< when the collective finished (0 if none)
+  /// When the communication stream finished its chain (the collective and its comm_tail); the
+  /// launch time for an empty collective, 0 if there is none.
+  double collective_end_s = 0;
 };
 
 class EmulatorModel {

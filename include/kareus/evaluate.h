@@ -30,6 +30,10 @@ struct FrontierSummaryPoint {
 /// where it fell back to a baseline's.
 std::string kareus_plan_label(const std::string& method);
 
+/// A frontier's max-throughput point (max_throughput_index in frontier.h: the least energy
+/// within kTimeTieRel of the fastest time). Throws InternalError for an empty frontier.
+const FrontierSummaryPoint& max_throughput_point(const std::vector<FrontierSummaryPoint>& v);
+
 /// Where Kareus's own frontier loses to a baseline. Both are compared at every deadline both can
 /// meet: each point time of either frontier from the later of the two fastest times on (above a
 /// frontier's slowest point, its best is its least-energy point). A deadline is lost when the

@@ -31,7 +31,10 @@ struct DagNode {
   int stage = 0;
   DagNodeKind instruction = DagNodeKind::kForward;
   int microbatch = -1;
-  std::vector<DagOption> options;  ///< Pareto-optimal on (time, energy), time ascending
+  /// The instruction's options: a Pareto set on (time, energy), time ascending, possibly
+  /// followed by options kept at their own clock (keep_clock_options in planner.cc); the solver
+  /// sorts what it needs, nothing may assume the order.
+  std::vector<DagOption> options;
 };
 
 struct IterationDag {
@@ -74,6 +77,31 @@ struct FrontierStats {
 
 /// Keeps the Pareto set on (time_s, energy_j), fastest first.
 std::vector<FrontierPoint> pareto_frontier(const std::vector<FrontierPoint>& points);
+
+/// Relative iteration-time difference below which two plans count as equally fast: the time
+/// noise of one measurement (0.1%, an H200's repeatability, docs/emulator.md). Under the power
+/// cap the top clocks run at about the same effective clock, so plans at 1980 and 1800 MHz
+/// differ in time by noise while one costs 0.5% more energy: a "fastest" plan picked by time
+/// alone turns that noise into a costlier plan, and a baseline's costlier "fastest" plan
+/// inflates every saving measured against it.
+inline constexpr double kTimeTieRel = 1e-3;
+
+/// The max-throughput point of `points` (time(p), energy(p) give its iteration time and
+/// energy): the least-energy point among those within kTimeTieRel of the fastest time. The one
+/// rule for `plan --max-throughput`, the evaluation's fastest plans and its iso-time reference.
+template <typename P, typename TimeFn, typename EnergyFn>
+std::size_t max_throughput_index(const std::vector<P>& points, TimeFn time, EnergyFn energy) {
+  std::size_t fastest = 0;
+  for (std::size_t i = 1; i < points.size(); ++i) {
+    if (time(points[i]) < time(points[fastest])) fastest = i;
+  }
+  std::size_t best = fastest;
+  const double bound = time(points[fastest]) * (1 + kTimeTieRel);
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    if (time(points[i]) <= bound && energy(points[i]) < energy(points[best])) best = i;
+  }
+  return best;
+}
 
 /// The Pareto frontier on (iteration time, total energy), fastest first. Every point is
 /// evaluated on the discrete options it chose.

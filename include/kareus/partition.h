@@ -29,7 +29,8 @@ struct Partition {
   std::vector<Slot> slots;          ///< launch points of `collective` among compute_ops
   Kernel collective;                ///< the other nano-batch's collective
   /// What the other nano-batch's communication stream runs after `collective` (Block::
-  /// comm_tail): under sequence parallelism its norm and AllGather. Empty for TP and CP.
+  /// comm_tail): under sequence parallelism its norm and AllGather. Empty without sequence
+  /// parallelism.
   std::vector<Kernel> comm_tail;
   std::string signature;  ///< stable hash of every shape above (profile-store key)
   std::vector<PartitionOccurrence> occurrences;

@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -205,6 +206,9 @@ class Planner {
   std::vector<PartitionSearchSummary> summaries_;
   std::map<std::string, PartitionFronts> searched_fronts_;  ///< by partition key
   std::map<Method, MethodFrontier> frontiers_;              ///< frontier(m), computed once
+  /// Under --per-layer: the same job planned uniformly, whose points the per-layer frontier
+  /// takes (frontier()).
+  std::shared_ptr<Planner> uniform_planner_;
 };
 
 /// The DAG in the `--dump-dag` JSON format.

@@ -749,13 +749,18 @@ def _run_sequential(blocks: List[_Block], st: _NB, group_for_sms, direction: str
     sequential instruction: Megatron-LM's order, NCCL's default CTAs). Traced as collectives
     that overlap nothing (op_index -1); the last one is the stack tail (key ""), as in
     :func:`_run_chain`."""
+    seen: Dict[str, int] = {}
     for n, blk in enumerate(blocks):
         for _, op in blk.ops:
             op(st)
         tensor = blk.collective_input(st)
         if trace is not None:
-            key = "" if n + 1 == len(blocks) else blk.key
-            trace.append(TraceEvent(direction, key, n, blk.layer, -1, 0, blk.key, -1, "", None))
+            last = n + 1 == len(blocks)
+            key = "" if last else blk.key
+            occurrence = 0 if last else seen.get(blk.key, 0)
+            seen[blk.key] = seen.get(blk.key, 0) + 1
+            trace.append(TraceEvent(direction, key, occurrence, blk.layer, -1, 0, blk.key, -1, "",
+                                    None))
         dist.all_reduce(tensor, group=group_for_sms(None))
         blk.deliver(st, tensor)
 
@@ -850,7 +855,8 @@ class _NanoStackFunction(torch.autograd.Function):
 
 
 class NanoBatchedStack(nn.Module):
-    """The layers of one pipeline stage, run as two nano-batches with overlapped TP collectives.
+    """The layers of one pipeline stage, run as two nano-batches with overlapped TP collectives
+    (or, for an instruction the plan marks sequential, as one whole micro-batch).
 
     ``layers``: the stage's :class:`TPTransformerLayer` s (their parameters are used, not
     copied). ``hooks``: a :class:`PipelineHooks` (or any object with a ``current`` attribute

@@ -84,6 +84,7 @@ std::string encode_partition(const Partition& p) {
                   {"compute_ops", kernels_json(p.compute_ops)},
                   {"slots", slots},
                   {"collective", kernel_json(p.collective)},
+                  {"comm_tail", kernels_json(p.comm_tail)},
                   {"signature", p.signature},
                   {"occurrences", occ}};
   return j.dump();
@@ -100,6 +101,7 @@ Partition decode_partition(const std::string& text) {
       p.slots.push_back({s.at(0).get<std::string>(), s.at(1).get<int>()});
     }
     p.collective = kernel_from(j.at("collective"));
+    p.comm_tail = kernels_from(j.at("comm_tail"));
     p.signature = j.at("signature").get<std::string>();
     for (const auto& o : j.at("occurrences")) {
       p.occurrences.push_back({o.at(0).get<int>(), static_cast<InstructionKind>(o.at(1).get<int>()),

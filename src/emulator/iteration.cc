@@ -47,6 +47,11 @@ std::vector<std::pair<InstructionKind, int>> one_f_one_b_order(int stage, int st
 InstructionCost emulate_instruction(const PartitionSet& ps, const EmulatorModel& m,
                                     ExecutionMode mode, int stage, InstructionKind kind,
                                     const InstructionSettings& s) {
+  if (s.sequential && mode == ExecutionMode::kOverlapped) {
+    throw InternalError(
+        "emulate_instruction: a sequential instruction is costed on the workload partitioned "
+        "without nano-batches (emulate_iteration does so), not on the overlapped partitions");
+  }
   InstructionCost cost;
   const auto& is = ps.instruction(stage, kind);
   const int default_sms = m.gpu().segment_collective_sms();

@@ -23,7 +23,7 @@ double change_pct(double base, double value) {
 }
 
 const FrontierSummaryPoint& fastest(const std::vector<FrontierSummaryPoint>& v) {
-  return v.front();
+  return max_throughput_point(v);
 }
 
 const FrontierSummaryPoint& cheapest(const std::vector<FrontierSummaryPoint>& v) {

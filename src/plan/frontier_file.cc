@@ -260,7 +260,7 @@ nlohmann::json method_frontier_to_json(const MethodFrontier& f) {
     nlohmann::json table = nlohmann::json::array();
     int next = 0;
     for (std::size_t o = 0; o < f.tables[t].size(); ++o) {
-      // A table nobody uses (no points) keeps its fastest option, so it is never empty.
+      // A table nobody uses (no points) keeps its first option, so it is never empty.
       if (index[t][o] < 0 && !(o == 0 && f.points.empty())) continue;
       index[t][o] = next++;
       table.push_back(option_to_json(f.tables[t][o]));
@@ -399,8 +399,10 @@ FrontierFile load_frontier_file(const std::string& path) {
                     r.get<std::size_t>(points[k], "index", pp)};
     const std::size_t n = f.method(ref.method).points.size();
     if (ref.index >= n) {
-      r.fail(pp + ".index", fmt::format("{}: allowed 0..{} (the {} frontier's points)", ref.index,
-                                        n - 1, to_string(ref.method)));
+      r.fail(pp + ".index", n == 0 ? fmt::format("{}: the {} frontier has no points", ref.index,
+                                                 to_string(ref.method))
+                                   : fmt::format("{}: allowed 0..{} (the {} frontier's points)",
+                                                 ref.index, n - 1, to_string(ref.method)));
     }
     f.merged.push_back(ref);
   }

@@ -193,6 +193,12 @@ std::string Goal::describe() const {
 }
 
 std::optional<std::size_t> select_point(const std::vector<FrontierPoint>& f, const Goal& g) {
+  if (g.kind == GoalKind::kMaxThroughput) {
+    if (f.empty()) return std::nullopt;
+    return max_throughput_index(
+        f, [](const FrontierPoint& p) { return p.time_s; },
+        [](const FrontierPoint& p) { return p.energy_j; });
+  }
   std::optional<std::size_t> best;
   for (std::size_t i = 0; i < f.size(); ++i) {
     const auto& p = f[i];
@@ -204,9 +210,7 @@ std::optional<std::size_t> select_point(const std::vector<FrontierPoint>& f, con
       case GoalKind::kEnergyBudget:
         better = p.energy_j <= g.value && (!best || p.time_s < f[*best].time_s);
         break;
-      case GoalKind::kMaxThroughput:
-        better = !best || p.time_s < f[*best].time_s ||
-                 (p.time_s == f[*best].time_s && p.energy_j < f[*best].energy_j);
+      case GoalKind::kMaxThroughput:  // handled above
         break;
       case GoalKind::kMinEnergy:
         better = !best || p.energy_j < f[*best].energy_j;

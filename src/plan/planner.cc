@@ -313,9 +313,10 @@ static std::vector<int> map_uniform_choice(const MethodFrontier& uniform, const 
         const bool fits = opts[j].time_s <= want.time_s * (1 + 1e-12);
         const bool best_fits =
             best >= 0 && opts[static_cast<std::size_t>(best)].time_s <= want.time_s * (1 + 1e-12);
-        if (best < 0 ||
-            (fits &&
-             (!best_fits || opts[j].energy_j < opts[static_cast<std::size_t>(best)].energy_j))) {
+        // The cheapest option that fits; while none does, the fastest.
+        const auto& b = opts[static_cast<std::size_t>(std::max(best, 0))];
+        if (best < 0 || (fits && (!best_fits || opts[j].energy_j < b.energy_j)) ||
+            (!fits && !best_fits && opts[j].time_s < b.time_s)) {
           best = static_cast<int>(j);
         }
       }
@@ -390,9 +391,13 @@ MethodFrontier Planner::frontier(Method m) {
     return frontiers_.emplace(m, std::move(same)).first->second;
   }
   MethodFrontier mf = frontier_layers(m);
-  auto take_points_of = [&mf](const MethodFrontier& other) {
+  // A mapped choice keeps the source's clocks but may take faster options, so a run of one clock
+  // can fall below --min-clock-hold-ms: the holds are applied again (nothing changes otherwise).
+  auto take_points_of = [&mf, this](const MethodFrontier& other) {
     for (const FrontierPoint& p : other.points) {
-      mf.points.push_back(evaluated_point(mf, map_uniform_choice(other, mf, p.choice, true)));
+      std::vector<int> choice = map_uniform_choice(other, mf, p.choice, true);
+      if (o_.min_clock_hold_s > 0) choice = hold_clocks(mf, choice, o_.min_clock_hold_s, true);
+      mf.points.push_back(evaluated_point(mf, std::move(choice)));
     }
   };
   for (Method c : contained_methods(m)) take_points_of(frontier(c));
@@ -401,13 +406,15 @@ MethodFrontier Planner::frontier(Method m) {
     // but not always as fast as on the uniform options, so the per-layer frontier also takes
     // every point of the uniform planner's frontier (the same searched fronts): --per-layer
     // never loses to the frontier without it.
-    PlannerOptions uniform_o = o_;
-    uniform_o.per_layer = false;
-    Planner uniform(w_, profiler_, uniform_o);
-    uniform.searched_fronts_ = searched_fronts_;
-    uniform.summaries_ = summaries_;
-    uniform.searched_ = searched_;
-    take_points_of(uniform.frontier(m));
+    if (!uniform_planner_) {
+      PlannerOptions uniform_o = o_;
+      uniform_o.per_layer = false;
+      uniform_planner_ = std::make_shared<Planner>(w_, profiler_, uniform_o, progress_);
+      uniform_planner_->searched_fronts_ = searched_fronts_;
+      uniform_planner_->summaries_ = summaries_;
+      uniform_planner_->searched_ = searched_;
+    }
+    take_points_of(uniform_planner_->frontier(m));
   }
   mf.points = pareto_frontier(mf.points);
   return frontiers_.emplace(m, std::move(mf)).first->second;
@@ -553,11 +560,17 @@ void build_iteration_dag(const Workload& w, const PartitionSet& ps, MethodFronti
 FrontierMemory frontier_memory(const MethodFrontier& f, double unit_s) {
   FrontierMemory m;
   const std::size_t n = f.dag.nodes.size();
+  // The fastest and slowest option of each node by time: tables keep options past their
+  // Pareto-sorted part (keep_clock_options), so neither end is known by position.
   std::vector<int> fastest(n, 0), slowest(n, 0);
   for (std::size_t i = 0; i < n; ++i) {
     const auto& opts = f.dag.nodes[i].options;
     m.bytes += static_cast<double>(sizeof(DagNode) + opts.size() * sizeof(DagOption));
-    slowest[i] = opts.empty() ? 0 : static_cast<int>(opts.size()) - 1;
+    for (std::size_t j = 0; j < opts.size(); ++j) {
+      const int jj = static_cast<int>(j);
+      if (opts[j].time_s < opts[static_cast<std::size_t>(fastest[i])].time_s) fastest[i] = jj;
+      if (opts[j].time_s > opts[static_cast<std::size_t>(slowest[i])].time_s) slowest[i] = jj;
+    }
   }
   m.bytes += static_cast<double>(f.dag.edges.size() * sizeof(std::pair<int, int>));
   for (const auto& table : f.tables) {

@@ -9,6 +9,7 @@
 #include <map>
 #include <thread>
 
+#include "kareus/emulator.h"
 #include "kareus/error.h"
 #include "kareus/partition.h"
 #include "kareus/store.h"
@@ -126,6 +127,22 @@ TEST(DistributedSerialize, PartitionAndSegmentRoundTripExactly) {
   EXPECT_EQ(segment_signature(t), segment_signature(s));
   EXPECT_EQ(t.stage, s.stage);
   EXPECT_THROW(decode_partition("{\"key\": 1}"), InternalError);
+  // A sequence-parallel partition's communication chain travels too: a worker measures the
+  // RS, the norm and the AG, and gets the same emulated result as rank 0.
+  const PartitionSet sp = partition_workload(
+      load_workload(test::source_path("workloads/examples/llama3.2-3b_h100_tp4_sp_dp2.yaml")));
+  const Partition& c = sp.partition("fwd_attn_rs_ag");
+  ASSERT_EQ(c.comm_tail.size(), 3u);
+  const Partition d = decode_partition(encode_partition(c));
+  ASSERT_EQ(d.comm_tail.size(), c.comm_tail.size());
+  for (std::size_t i = 0; i < c.comm_tail.size(); ++i) {
+    EXPECT_EQ(d.comm_tail[i].name, c.comm_tail[i].name);
+    EXPECT_EQ(d.comm_tail[i].payload_bytes, c.comm_tail[i].payload_bytes);
+    EXPECT_EQ(d.comm_tail[i].bytes_read, c.comm_tail[i].bytes_read);
+  }
+  const EmulatorModel m(gpu_by_name("h100-sxm"));
+  EXPECT_EQ(m.simulate_partition(d, {1980, 8, "qkv"}).time_s,
+            m.simulate_partition(c, {1980, 8, "qkv"}).time_s);
 }
 
 TEST(DistributedProfiling, BatchEqualsLocalMeasurementsInOrderAndUsesEveryWorker) {
