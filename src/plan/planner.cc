@@ -454,9 +454,7 @@ MethodFrontier Planner::frontier_layers(Method m) {
   apply_clock_switch_cost(uniform);
   add_max_clock_plan(uniform);  // the uniform frontier as `frontier` would return it
   for (const FrontierPoint& up : uniform.points) {
-    std::vector<int> choice = map_uniform_choice(uniform, mf, up.choice, true);
-    const ClockSchedule sch = schedule_with_switches(mf, choice, mf.clock_switch_s);
-    mf.points.push_back({sch.makespan_s, sch.energy_j, sch.dynamic_energy_j, std::move(choice)});
+    mf.points.push_back(evaluated_point(mf, map_uniform_choice(uniform, mf, up.choice, true)));
   }
   add_max_clock_plan(mf);
   return mf;
