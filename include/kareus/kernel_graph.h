@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kareus/schedule.h"
 #include "kareus/workload.h"
 
 namespace kareus {
@@ -16,7 +17,6 @@ namespace kareus {
 enum class OpKind { kGemm, kAttention, kNorm, kElementwise, kEmbedding, kLoss, kCollective };
 enum class CollectiveKind { kAllReduce, kAllGather, kReduceScatter, kP2P };
 enum class CommGroup { kTp, kCp, kPp, kDp, kEmbedding };
-enum class InstructionKind { kForward, kBackward };
 
 const char* to_string(OpKind k);
 const char* to_string(CollectiveKind k);
