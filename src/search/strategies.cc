@@ -1002,7 +1002,7 @@ std::vector<Measurement> smoothed_estimates(const std::vector<SearchPoint>& poin
 
 namespace {
 
-// Name registry of search strategies, as the profilers' (src/profiler/registry.cc): the error
+// Name registry of search strategies, as the profilers' (src/backends/registry.cc): the error
 // for an unknown name lists every registered one.
 std::map<std::string, SearchStrategyFactory>& strategy_registry() {
   static std::map<std::string, SearchStrategyFactory> r = {
