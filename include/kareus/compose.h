@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "kareus/emulator.h"
+#include "kareus/instruction_settings.h"
 #include "kareus/partition.h"
 #include "kareus/profiler.h"
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kareus/hw.h"
+#include "kareus/instruction_settings.h"
 #include "kareus/partition.h"
 #include "kareus/profiler.h"
 
@@ -135,28 +136,7 @@ class EmulatorProfiler : public Profiler {
 
 // ---- Whole-iteration simulation.
 
-enum class ExecutionMode { kSequential, kOverlapped };
-
-/// How one instruction runs: its clock and, when overlapped, each partition's SMs and slot.
-/// Instances of one partition that run with one configuration (a per-layer choice).
-struct ConfigShare {
-  PartitionConfig config;
-  int instances = 0;
-  bool operator==(const ConfigShare&) const = default;
-};
-
-struct InstructionSettings {
-  int freq_mhz = 0;
-  std::map<std::string, PartitionConfig> partitions;  ///< by partition key; freq ignored
-  /// Optional per-instance choice that overrides `partitions` for its key: the first
-  /// `instances` occurrences (in execution order) use the first share's configuration, the
-  /// next ones the second share's, and so on.
-  std::map<std::string, std::vector<ConfigShare>> mixes;
-  /// Runs the micro-batch whole, kernels in sequence (no nano-batches, no partitions), inside
-  /// an otherwise overlapped schedule: where overlap does not pay, Kareus plans an instruction
-  /// the way Perseus would.
-  bool sequential = false;
-};
+// ExecutionMode and InstructionSettings (how one instruction runs): instruction_settings.h.
 
 using SettingsFn = std::function<InstructionSettings(int stage, InstructionKind kind, int mb)>;
 

@@ -22,7 +22,6 @@ const char* to_string(OpKind k);
 const char* to_string(CollectiveKind k);
 const char* short_name(CollectiveKind k);  ///< "ar", "ag", "rs", "p2p"
 const char* to_string(CommGroup g);
-const char* to_string(InstructionKind k);  ///< "forward", "backward"
 
 /// One kernel on one GPU. Sizes are per GPU (after tensor/context sharding).
 struct Kernel {

@@ -9,8 +9,9 @@
 //  - the predicted iteration time and whole-job energy, including the clock-switch stalls the
 //    plan's clock sequence costs (`clock_switch_s` per change).
 // The runtime (C API, Python module, frequency controller) and `kareus emulate --plan` read the
-// same file. Loading with a workload validates every field against it; each violation throws
-// InvalidInput naming the file, the JSON path of the field and what is allowed.
+// same file. Loading with a workload validates every field against it (plan_check.h); each
+// violation throws InvalidInput naming the file, the JSON path of the field and what is allowed.
+// This header and kareus_plan depend on nothing but kareus_common.
 //
 // Thread-safety: plain value types; concurrent reads are safe.
 #pragma once
@@ -22,8 +23,8 @@
 #include <utility>
 #include <vector>
 
-#include "kareus/emulator.h"
-#include "kareus/frontier.h"
+#include "kareus/instruction_settings.h"
+#include "kareus/schedule.h"
 
 namespace kareus {
 
@@ -159,33 +160,9 @@ struct Plan {
 };
 
 /// Reads a plan file and checks it without a workload (Plan::from_json), for tools that have
-/// none at hand.
+/// none at hand. With a workload: load_plan in plan_check.h.
 Plan load_plan(const std::string& path);
-/// Reads a plan file and validates it against the workload (validate_plan).
-Plan load_plan(const std::string& path, const Workload& w);
-/// Checks a plan (already checked by Plan::from_json) against a workload: digest, GPU, rank
-/// layout, stage count, per-stage 1F1B instruction order, clocks the GPU supports, clock_switch
-/// flags and clock_changes equal to what the freq_mhz sequence gives, partition keys of each
-/// instruction, SM counts (1..kMaxCollectiveSms for every partition, the rule of
-/// src/search/space.cc, not narrowed to the search defaults), slot names, recompute flags, slot
-/// ops, instance counts and mixes. Throws InvalidInput "SOURCE: field 'PATH': what is allowed".
-void validate_plan(const Plan& p, const Workload& w, const std::string& source);
 void save_plan(const Plan& p, const std::string& path);
-
-/// A digest of a workload's partitions and shape, to tie plans to workloads.
-std::string workload_digest(const Workload& w, const PartitionSet& ps);
-/// The same, partitioning the workload first.
-std::string workload_digest(const Workload& w);
-
-enum class GoalKind { kDeadline, kEnergyBudget, kMaxThroughput, kMinEnergy };
-struct Goal {
-  GoalKind kind = GoalKind::kMaxThroughput;
-  double value = 0;  ///< seconds (deadline) or joules (energy budget)
-  std::string describe() const;
-};
-
-/// Index of the frontier point that meets the goal, or nullopt if none does.
-std::optional<std::size_t> select_point(const std::vector<FrontierPoint>& frontier, const Goal& g);
 
 /// Human summary of a plan (`kareus plan show`): per stage the ranks, the run-length
 /// compressed clock sequence, the number of clock changes, the SM/slot choices per partition,

@@ -13,8 +13,10 @@
 #include <vector>
 
 #include "kareus/compose.h"
+#include "kareus/emulator.h"
 #include "kareus/frontier.h"
 #include "kareus/plan.h"
+#include "kareus/plan_check.h"
 #include "kareus/search.h"
 #include "kareus/store.h"
 
@@ -33,6 +35,17 @@ const char* to_string(Method m);
 /// The name a person reads: "Kareus", "Perseus", "Nanobatching+Perseus", "Megatron-LM", ...
 const char* display_name(Method m);
 Method method_from_string(const std::string& name);  ///< throws InvalidInput listing names
+
+/// What a plan is picked for on a frontier (src/planner/goal.cc).
+enum class GoalKind { kDeadline, kEnergyBudget, kMaxThroughput, kMinEnergy };
+struct Goal {
+  GoalKind kind = GoalKind::kMaxThroughput;
+  double value = 0;  ///< seconds (deadline) or joules (energy budget)
+  std::string describe() const;
+};
+
+/// Index of the frontier point that meets the goal, or nullopt if none does.
+std::optional<std::size_t> select_point(const std::vector<FrontierPoint>& frontier, const Goal& g);
 
 struct PlannerOptions {
   std::string strategy = "mbo";

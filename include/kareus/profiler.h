@@ -13,17 +13,10 @@
 #include <vector>
 
 #include "kareus/hw.h"
+#include "kareus/instruction_settings.h"
 #include "kareus/partition.h"
 
 namespace kareus {
-
-/// The knobs of one partition. `slot` names one of Partition::slots.
-struct PartitionConfig {
-  int freq_mhz = 0;
-  int sms = 0;  ///< SMs (one CTA each) given to the collective
-  std::string slot;
-  bool operator==(const PartitionConfig&) const = default;
-};
 
 /// One measurement. Energies are per GPU; static_energy_j = static power x time_s exactly and
 /// dynamic_energy_j = energy_j - static_energy_j.

@@ -18,6 +18,7 @@
 namespace kareus {
 
 enum class InstructionKind { kForward, kBackward };
+const char* to_string(InstructionKind k);  ///< "forward", "backward"
 
 /// One instruction of a stage's order: the forward or backward pass of one micro-batch through
 /// one model chunk.

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kareus/hw.h"
+#include "kareus/instruction_settings.h"
 #include "kareus/partition.h"
 #include "kareus/profiler.h"
 
@@ -20,8 +21,7 @@ struct SpaceOptions {
   std::vector<int> sms;        ///< empty: by collective kind (see above)
 };
 
-/// Largest SM count a collective may be given (NCCL's channel limit).
-constexpr int kMaxCollectiveSms = 32;
+// kMaxCollectiveSms, the largest SM count a collective may be given: instruction_settings.h.
 
 struct SearchSpace {
   std::vector<int> freqs_mhz;
@@ -35,8 +35,17 @@ struct SearchSpace {
 
 SearchSpace make_search_space(const Partition& p, const GpuSpec& gpu, const SpaceOptions& o = {});
 
-/// Default SM counts for a collective kind.
-std::vector<int> default_collective_sms(CollectiveKind kind);
+/// Default SM counts for a collective kind. Inline, so that plan validation can name them in
+/// its messages without linking the search.
+inline std::vector<int> default_collective_sms(CollectiveKind kind) {
+  std::vector<int> out;
+  if (kind == CollectiveKind::kAllReduce) {
+    for (int s = 3; s <= 30; s += 3) out.push_back(s);
+  } else {
+    for (int s = 1; s <= 20; ++s) out.push_back(s);
+  }
+  return out;
+}
 
 /// Throws InvalidInput naming the allowed values when a configuration is not valid for the
 /// partition on this GPU (clock not supported, SMs outside 1..32, unknown slot).

@@ -1,5 +1,6 @@
 // Name registry of profiling backends (the XGBoost/DuckDB pattern: an abstract class plus a
-// registry whose error lists every registered name).
+// registry whose error lists every registered name). Its own library (kareus_backends) because
+// it knows every built-in backend: the emulator, the trace replay and the cuda backend.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -63,15 +64,6 @@ std::unique_ptr<Profiler> create_profiler(const std::string& name, const Profile
                                    fmt::join(profiler_names(), ", ")));
   }
   return f(o);
-}
-
-Measurement make_measurement(double time_s, double energy_j, double static_power_w) {
-  Measurement m;
-  m.time_s = time_s;
-  m.energy_j = energy_j;
-  m.static_energy_j = static_power_w * time_s;
-  m.dynamic_energy_j = energy_j - m.static_energy_j;
-  return m;
 }
 
 }  // namespace kareus

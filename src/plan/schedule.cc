@@ -21,6 +21,10 @@
 
 namespace kareus {
 
+const char* to_string(InstructionKind k) {
+  return k == InstructionKind::kForward ? "forward" : "backward";
+}
+
 Schedule::Schedule(int stages, int chunks, int microbatches)
     : stages_(stages), chunks_(chunks), microbatches_(microbatches) {
   if (stages < 1 || chunks < 1 || microbatches < 1) {

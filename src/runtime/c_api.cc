@@ -16,6 +16,7 @@
 
 #include "kareus/error.h"
 #include "kareus/plan.h"
+#include "kareus/plan_check.h"
 #include "kareus/runtime.h"
 #include "kareus/workload.h"
 

@@ -8,16 +8,6 @@
 
 namespace kareus {
 
-std::vector<int> default_collective_sms(CollectiveKind kind) {
-  std::vector<int> out;
-  if (kind == CollectiveKind::kAllReduce) {
-    for (int s = 3; s <= 30; s += 3) out.push_back(s);
-  } else {
-    for (int s = 1; s <= 20; ++s) out.push_back(s);
-  }
-  return out;
-}
-
 std::vector<PartitionConfig> SearchSpace::configs() const {
   std::vector<PartitionConfig> out;
   out.reserve(size());

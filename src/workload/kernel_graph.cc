@@ -87,10 +87,6 @@ const char* to_string(CommGroup g) {
   return "?";
 }
 
-const char* to_string(InstructionKind k) {
-  return k == InstructionKind::kForward ? "forward" : "backward";
-}
-
 double Kernel::wire_bytes() const {
   if (!is_collective() || group_size <= 1)
     return collective == CollectiveKind::kP2P ? payload_bytes : 0.0;

@@ -10,6 +10,7 @@
 
 #include "fuzz/targets.h"
 #include "kareus/plan.h"
+#include "kareus/plan_check.h"
 #include "kareus/workload.h"
 #include "test_util.h"
 

@@ -9,6 +9,7 @@
 #include "kareus/error.h"
 #include "kareus/kernel_graph.h"
 #include "kareus/plan.h"
+#include "kareus/plan_check.h"
 #include "kareus/workload.h"
 #include "profiler/builtin.h"
 
