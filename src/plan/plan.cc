@@ -1,6 +1,6 @@
 // Plan files, format version 2 (docs/formats.md): JSON with a format tag and version. Parsing
 // checks the structure and names the JSON path of a bad field; validate_plan then checks every
-// value against the workload (digest, rank layout, 1F1B order, clocks, partition keys, SM
+// value against the workload (digest, rank layout, schedule order, clocks, partition keys, SM
 // counts, slots, recompute flags), so that a plan that cannot run as written is refused before
 // anything replays or applies it.
 #include "kareus/plan.h"
@@ -174,6 +174,8 @@ std::string workload_digest(const Workload& w, const PartitionSet& ps) {
       fmt::format("{}|{}|{}|{}|{}|{}", w.gpu_name, w.parallel.pp, w.batch.micro_batches,
                   w.cluster.gpus(), w.parallel.dp, w.batch.nano_batches);
   for (int l : w.parallel.stage_layers) text += fmt::format("|{}", l);
+  // Interleaving changes the order and the chunks; 1F1B digests stay what they were.
+  if (w.parallel.virtual_pipeline > 1) text += fmt::format("|v{}", w.parallel.virtual_pipeline);
   for (const auto& p : ps.partitions) text += "|" + p.key + ":" + p.signature;
   return fmt::format("{:016x}", fnv1a(text));
 }
@@ -230,6 +232,7 @@ nlohmann::json Plan::to_json() const {
                    {"cp", layout.cp},
                    {"dp", layout.dp},
                    {"pp", layout.pp},
+                   {"virtual_pipeline", chunks},
                    {"rank_order", RankLayout::kOrder},
                    {"rank_formula", "tp_rank + tp*(cp_rank + cp*(dp_rank + dp*pp_rank))"}};
   j["method"] = method;
@@ -254,6 +257,7 @@ nlohmann::json Plan::to_json() const {
     for (const auto& in : s.instructions) {
       nlohmann::json ij = {{"instruction", to_string(in.kind)},
                            {"microbatch", in.microbatch},
+                           {"chunk", in.chunk},
                            {"freq_mhz", in.freq_mhz},
                            {"clock_switch", in.clock_switch},
                            {"start_s", in.start_s},
@@ -317,6 +321,10 @@ void parse_identity(const Reader& r, const nlohmann::json& j, Plan& p) {
   p.layout.cp = r.integer_at_least(par, "cp", "parallel", 1);
   p.layout.dp = r.integer_at_least(par, "dp", "parallel", 1);
   p.layout.pp = r.integer_at_least(par, "pp", "parallel", 1);
+  // Written since interleaved schedules; older plans are synchronous 1F1B.
+  p.chunks = par.contains("virtual_pipeline")
+                 ? r.integer_at_least(par, "virtual_pipeline", "parallel", 1)
+                 : 1;
   if (r.text(par, "rank_order", "parallel") != RankLayout::kOrder) {
     r.fail("parallel.rank_order",
            fmt::format("allowed: '{}' (Megatron-LM's default order)", RankLayout::kOrder));
@@ -379,7 +387,7 @@ PlanPartition parse_partition(const Reader& r, const nlohmann::json& c, const st
 // One instruction; `prev` is the stage's previous one (nullptr for the first).
 PlanInstruction parse_instruction(const Reader& r, const nlohmann::json& ij, const std::string& ip,
                                   const PlanStage& s, const PlanInstruction* prev,
-                                  double tolerance_s) {
+                                  double tolerance_s, int chunks) {
   PlanInstruction in;
   const std::string kind = r.text(ij, "instruction", ip);
   if (kind != "forward" && kind != "backward") {
@@ -387,6 +395,13 @@ PlanInstruction parse_instruction(const Reader& r, const nlohmann::json& ij, con
   }
   in.kind = kind == "forward" ? InstructionKind::kForward : InstructionKind::kBackward;
   in.microbatch = r.integer_at_least(ij, "microbatch", ip, 0);
+  in.chunk = ij.contains("chunk") ? r.integer_at_least(ij, "chunk", ip, 0) : 0;
+  if (in.chunk >= chunks) {
+    r.fail(ip + ".chunk",
+           fmt::format("{}: the plan's stages hold {} model chunks (parallel.virtual_pipeline): "
+                       "allowed 0..{}",
+                       in.chunk, chunks, chunks - 1));
+  }
   in.freq_mhz = r.integer_at_least(ij, "freq_mhz", ip, 1);
   in.clock_switch = r.boolean(ij, "clock_switch", ip);
   in.start_s = r.non_negative(ij, "start_s", ip);
@@ -440,7 +455,7 @@ PlanStage parse_stage(const Reader& r, const nlohmann::json& sj, const std::stri
   for (std::size_t ii = 0; ii < instrs.size(); ++ii) {
     const PlanInstruction* prev = ii == 0 ? nullptr : &s.instructions.back();
     s.instructions.push_back(parse_instruction(r, instrs[ii], index_path(sp + ".instructions", ii),
-                                               s, prev, tolerance_s));
+                                               s, prev, tolerance_s, p.chunks));
   }
   return s;
 }
@@ -535,6 +550,11 @@ void check_plan_identity(const Reader& r, const Plan& p, const Workload& w,
                                    p.layout.tp, p.layout.cp, p.layout.dp, p.layout.pp, want.tp,
                                    want.cp, want.dp, want.pp));
   }
+  if (p.chunks != w.parallel.virtual_pipeline) {
+    r.fail("parallel.virtual_pipeline",
+           fmt::format("{}: the workload runs {} model chunks per stage", p.chunks,
+                       w.parallel.virtual_pipeline));
+  }
   if (static_cast<int>(p.stages.size()) != w.parallel.pp) {
     r.fail("stages",
            fmt::format("{} stages: the workload has pp = {}", p.stages.size(), w.parallel.pp));
@@ -600,14 +620,15 @@ void check_instruction_partitions(const Reader& r, const std::string& ip, const 
   }
 }
 
-// An instruction's place in the 1F1B order, its clock and its clock_switch flag.
+// An instruction's place in the schedule's order, its clock and its clock_switch flag.
 void check_instruction_clock(const Reader& r, const std::string& ip, const PlanInstruction& in,
-                             const PlanInstruction* prev, std::pair<InstructionKind, int> slot,
-                             const GpuSpec& gpu) {
-  if (in.kind != slot.first || in.microbatch != slot.second) {
-    r.fail(ip, fmt::format("{} of micro-batch {}: the 1F1B schedule runs {} of micro-batch "
-                           "{} here",
-                           to_string(in.kind), in.microbatch, to_string(slot.first), slot.second));
+                             const PlanInstruction* prev, const ScheduledInstruction& slot,
+                             const Schedule& sched, const GpuSpec& gpu) {
+  if (in.kind != slot.kind || in.microbatch != slot.microbatch || in.chunk != slot.chunk) {
+    r.fail(ip, fmt::format("{} of micro-batch {} (chunk {}): the {} schedule runs {} of "
+                           "micro-batch {} (chunk {}) here",
+                           to_string(in.kind), in.microbatch, in.chunk, sched.name(),
+                           to_string(slot.kind), slot.microbatch, slot.chunk));
   }
   if (!gpu.supports_freq(in.freq_mhz)) {
     r.fail(ip + ".freq_mhz",
@@ -632,25 +653,26 @@ void check_instruction_clock(const Reader& r, const std::string& ip, const PlanI
 void check_stage(const Reader& r, const Plan& p, int s, const Workload& w, const PartitionSet& ps) {
   const PlanStage& st = p.stages[static_cast<std::size_t>(s)];
   const std::string sp = index_path("stages", static_cast<std::size_t>(s));
-  const int pp = w.parallel.pp, mbs = w.batch.micro_batches;
+  const Schedule sched = w.schedule();
+  const int mbs = w.batch.micro_batches * w.parallel.virtual_pipeline;
   if (st.stage != s) r.fail(sp + ".stage", fmt::format("{}: expected {}", st.stage, s));
   if (st.ranks != p.layout.stage_ranks(s)) {
     r.fail(sp + ".ranks",
            fmt::format("[{}]: stage {} is ranks [{}] (order {})", fmt::join(st.ranks, ","), s,
                        fmt::join(p.layout.stage_ranks(s), ","), RankLayout::kOrder));
   }
-  const auto order = one_f_one_b_order(s, pp, mbs);
+  const auto& order = sched.order(s);
   if (st.instructions.size() != order.size()) {
     r.fail(sp + ".instructions",
-           fmt::format("{} instructions: stage {} of the workload's 1F1B schedule has {} ({} "
+           fmt::format("{} instructions: stage {} of the workload's {} schedule has {} ({} "
                        "forward and {} backward)",
-                       st.instructions.size(), s, order.size(), mbs, mbs));
+                       st.instructions.size(), s, sched.name(), order.size(), mbs, mbs));
   }
   for (std::size_t i = 0; i < order.size(); ++i) {
     const PlanInstruction& in = st.instructions[i];
     const std::string ip = index_path(sp + ".instructions", i);
     const PlanInstruction* prev = i == 0 ? nullptr : &st.instructions[i - 1];
-    check_instruction_clock(r, ip, in, prev, order[i], w.gpu());
+    check_instruction_clock(r, ip, in, prev, order[i], sched, w.gpu());
     if (p.execution == ExecutionMode::kSequential || in.sequential) {
       if (!in.partitions.empty()) {
         r.fail(ip + ".partitions",
@@ -660,7 +682,7 @@ void check_stage(const Reader& r, const Plan& p, int s, const Workload& w, const
       }
       continue;
     }
-    check_instruction_partitions(r, ip, in, ps, s);
+    check_instruction_partitions(r, ip, in, ps, sched.virtual_stage(s, in.chunk));
   }
   const int changes = static_cast<int>(st.clock_runs().size()) - (st.instructions.empty() ? 0 : 1);
   if (st.clock_changes != changes) {
@@ -679,15 +701,18 @@ void validate_plan(const Plan& p, const Workload& w, const std::string& source) 
   for (int s = 0; s < w.parallel.pp; ++s) check_stage(r, p, s, w, ps);
 }
 
-InstructionSettings Plan::settings(int stage, InstructionKind kind, int microbatch) const {
+InstructionSettings Plan::settings(int virtual_stage, InstructionKind kind, int microbatch) const {
+  const int stage = virtual_stage % layout.pp, chunk = virtual_stage / layout.pp;
   for (const auto& s : stages) {
     if (s.stage != stage) continue;
     for (const auto& in : s.instructions) {
-      if (in.kind == kind && in.microbatch == microbatch) return in.settings();
+      if (in.kind == kind && in.microbatch == microbatch && in.chunk == chunk) {
+        return in.settings();
+      }
     }
   }
-  throw InvalidInput(fmt::format("plan has no {} of micro-batch {} on stage {}", to_string(kind),
-                                 microbatch, stage));
+  throw InvalidInput(fmt::format("plan has no {} of micro-batch {} (chunk {}) on stage {}",
+                                 to_string(kind), microbatch, chunk, stage));
 }
 
 Plan load_plan(const std::string& path) {

@@ -2,6 +2,7 @@
 // p = 4, v = 2, m = 8 (Narayanan et al., SC '21, Figure 4), and the ideal bubble formula.
 #include "kareus/schedule.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,8 +19,8 @@ namespace {
 std::vector<std::string> names(const std::vector<ScheduledInstruction>& o) {
   std::vector<std::string> out;
   for (const auto& x : o) {
-    out.push_back(std::string(x.kind == InstructionKind::kForward ? "F" : "B") +
-                  std::to_string(x.chunk) + "." + std::to_string(x.microbatch));
+    out.push_back(fmt::format("{}{}.{}", x.kind == InstructionKind::kForward ? 'F' : 'B', x.chunk,
+                              x.microbatch));
   }
   return out;
 }
