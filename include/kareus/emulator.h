@@ -138,7 +138,10 @@ class EmulatorProfiler : public Profiler {
 
 // ExecutionMode and InstructionSettings (how one instruction runs): instruction_settings.h.
 
-using SettingsFn = std::function<InstructionSettings(int stage, InstructionKind kind, int mb)>;
+/// The settings of one instruction, by virtual stage (the stage itself without interleaving,
+/// Schedule::virtual_stage), kind and micro-batch.
+using SettingsFn =
+    std::function<InstructionSettings(int virtual_stage, InstructionKind kind, int mb)>;
 
 /// When one instruction ran in the replay (seconds from the iteration start).
 struct InstructionTiming {
@@ -148,6 +151,7 @@ struct InstructionTiming {
   double start_s = 0;         ///< dependencies met; a clock-switch stall, if any, starts here
   double end_s = 0;           ///< start_s + (clock_switch ? clock_switch_s : 0) + run time
   bool clock_switch = false;  ///< clock differs from the previous instruction's on the stage
+  int chunk = 0;              ///< model chunk (interleaved schedules; 0 otherwise)
 };
 
 struct StageResult {
@@ -156,7 +160,7 @@ struct StageResult {
   double dynamic_energy_j_per_gpu = 0;
   double busy_time_s = 0;  ///< instructions, messages and reductions; stalls excluded
   int clock_changes = 0;
-  std::vector<InstructionTiming> instructions;  ///< in 1F1B order
+  std::vector<InstructionTiming> instructions;  ///< in the stage's Schedule::order
 };
 
 struct IterationResult {
@@ -176,7 +180,8 @@ InstructionCost emulate_instruction(const PartitionSet& ps, const EmulatorModel&
                                     ExecutionMode mode, int stage, InstructionKind kind,
                                     const InstructionSettings& s);
 
-/// Synchronous 1F1B over pp stages and micro-batches (Narayanan et al., SC '21). When an
+/// The job's pipeline schedule (Workload::schedule: synchronous or interleaved 1F1B over its
+/// stages, chunks and micro-batches; Narayanan et al., SC '21). When an
 /// instruction's clock differs from the previous instruction's on its stage, the stage first
 /// stalls `clock_switch_s` at static power once the instruction's inputs are ready (the
 /// controller is told at instruction begin). The first instruction of an iteration never pays:
@@ -191,8 +196,5 @@ IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, Exe
 /// order) and `nanobatch` (collective at the partition start with NCCL's default CTAs).
 IterationResult emulate_schedule(const Workload& w, const EmulatorModel& m,
                                  const std::string& schedule, int freq_mhz);
-
-/// Order of instructions on a stage under 1F1B: (kind, micro-batch) pairs.
-std::vector<std::pair<InstructionKind, int>> one_f_one_b_order(int stage, int stages, int mbs);
 
 }  // namespace kareus

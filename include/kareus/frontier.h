@@ -35,6 +35,7 @@ struct DagNode {
   /// followed by options kept at their own clock (keep_clock_options in planner.cc); the solver
   /// sorts what it needs, nothing may assume the order.
   std::vector<DagOption> options;
+  int chunk = 0;  ///< model chunk of an instruction under an interleaved schedule
 };
 
 struct IterationDag {

@@ -2,10 +2,11 @@
 // needs to run one frontier point. A plan is JSON with
 //  - the workload's identity (name, digest, GPU, GPU count) and the parallel layout with the
 //    rank mapping (Megatron-LM's default order: tp fastest, then cp, then dp, then pp);
-//  - per pipeline stage: its global ranks, and its instructions in 1F1B order, each with its
-//    micro-batch, SM clock, predicted start/end (s from the iteration start) and, per partition,
-//    the collective's SM count, its launch slot (and the compute op it launches before), whether
-//    the partition is a recomputed forward block, and an optional per-layer `mix`;
+//  - per pipeline stage: its global ranks, and its instructions in the schedule's order
+//    (include/kareus/schedule.h), each with its micro-batch, model chunk, SM clock, predicted
+//    start/end (s from the iteration start) and, per partition, the collective's SM count, its
+//    launch slot (and the compute op it launches before), whether the partition is a recomputed
+//    forward block, and an optional per-layer `mix`;
 //  - the predicted iteration time and whole-job energy, including the clock-switch stalls the
 //    plan's clock sequence costs (`clock_switch_s` per change).
 // The runtime (C API, Python module, frequency controller) and `kareus emulate --plan` read the
@@ -82,6 +83,7 @@ struct PlanPartition {
 struct PlanInstruction {
   InstructionKind kind = InstructionKind::kForward;
   int microbatch = 0;
+  int chunk = 0;                ///< model chunk (interleaved schedules; 0 otherwise)
   int freq_mhz = 0;             ///< SM clock the instruction runs at
   double time_s = 0;            ///< predicted run time, one GPU, without a clock-switch stall
   double dynamic_energy_j = 0;  ///< predicted, one GPU
@@ -106,7 +108,7 @@ struct PlanStage {
   std::vector<int> ranks;  ///< global ranks forming this stage (RankLayout::stage_ranks)
   int clock_changes = 0;   ///< consecutive instructions with different clocks
   double end_s = 0;        ///< predicted end of the stage's work, reductions included
-  std::vector<PlanInstruction> instructions;  ///< in 1F1B execution order
+  std::vector<PlanInstruction> instructions;  ///< in the schedule's execution order
 
   /// The clock sequence, run-length compressed: (freq_mhz, consecutive instructions).
   std::vector<std::pair<int, int>> clock_runs() const;
@@ -122,6 +124,7 @@ struct Plan {
   std::string gpu;
   int gpus = 0;
   RankLayout layout;
+  int chunks = 1;      ///< model chunks per stage (parallel.virtual_pipeline)
   std::string method;  ///< kareus, perseus, nanobatch_perseus, ...
   /// What a person calls the plan: the method's display name, or, where Kareus fell back to a
   /// baseline's plan, e.g. "Kareus (Perseus plan)" (method then names the baseline).
@@ -152,8 +155,9 @@ struct Plan {
   /// `source` names the file in error messages; each violation throws InvalidInput. A
   /// version-1 file is refused with a message saying how to re-create it.
   static Plan from_json(const nlohmann::json& j, const std::string& source);
-  /// The instruction settings the emulator replays (throws InvalidInput if one is missing).
-  InstructionSettings settings(int stage, InstructionKind kind, int microbatch) const;
+  /// The instruction settings the emulator replays, by virtual stage (SettingsFn; throws
+  /// InvalidInput if one is missing).
+  InstructionSettings settings(int virtual_stage, InstructionKind kind, int microbatch) const;
   /// The stage a global rank belongs to (throws InvalidInput when out of range).
   int stage_of_rank(int rank) const;
   int clock_changes() const;  ///< summed over stages

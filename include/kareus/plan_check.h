@@ -17,11 +17,12 @@ namespace kareus {
 /// Reads a plan file and validates it against the workload (validate_plan).
 Plan load_plan(const std::string& path, const Workload& w);
 /// Checks a plan (already checked by Plan::from_json) against a workload: digest, GPU, rank
-/// layout, stage count, per-stage 1F1B instruction order, clocks the GPU supports, clock_switch
-/// flags and clock_changes equal to what the freq_mhz sequence gives, partition keys of each
-/// instruction, SM counts (1..kMaxCollectiveSms for every partition, the rule of
-/// src/search/space.cc, not narrowed to the search defaults), slot names, recompute flags, slot
-/// ops, instance counts and mixes. Throws InvalidInput "SOURCE: field 'PATH': what is allowed".
+/// layout, model chunks, stage count, per-stage instruction order (Schedule), clocks the GPU
+/// supports, clock_switch flags and clock_changes equal to what the freq_mhz sequence gives,
+/// partition keys of each instruction, SM counts (1..kMaxCollectiveSms for every partition, the
+/// rule of src/search/space.cc, not narrowed to the search defaults), slot names, recompute flags,
+/// slot ops, instance counts and mixes. Throws InvalidInput "SOURCE: field 'PATH': what is
+/// allowed".
 void validate_plan(const Plan& p, const Workload& w, const std::string& source);
 
 /// A digest of a workload's partitions and shape, to tie plans to workloads.

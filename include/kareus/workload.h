@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kareus/hw.h"
+#include "kareus/schedule.h"
 
 namespace kareus {
 
@@ -35,7 +36,16 @@ struct ParallelConfig {
   int pp = 1;
   int dp = 1;
   bool sequence_parallel = false;
-  std::vector<int> stage_layers;  ///< layers per pipeline stage; sums to ModelConfig::layers
+  /// Model chunks per pipeline stage (Megatron-LM's virtual pipeline stages): 1 is synchronous
+  /// 1F1B, more is interleaved 1F1B (include/kareus/schedule.h).
+  int virtual_pipeline = 1;
+  /// Layers per virtual stage (chunk c of stage s is virtual stage c * pp + s, so without
+  /// interleaving one entry per stage); sums to ModelConfig::layers.
+  std::vector<int> stage_layers;
+  int virtual_stages() const { return pp * virtual_pipeline; }
+  int stage_of(int virtual_stage) const { return virtual_stage % pp; }
+  /// Layers stage s holds over all its chunks.
+  int layers_of_stage(int stage) const;
   /// GPUs that run one pipeline stage (tp * cp * dp): per-GPU figures of a stage times this
   /// give the stage's share of the job.
   int gpus_per_stage() const { return tp * cp * dp; }
@@ -66,6 +76,9 @@ struct Workload {
   bool what_if = false;
 
   const GpuSpec& gpu() const { return gpu_by_name(gpu_name); }
+  /// The pipeline schedule the job runs: parallel.pp stages, parallel.virtual_pipeline chunks,
+  /// batch.micro_batches.
+  Schedule schedule() const;
   /// Tokens processed per iteration by the whole job (all data-parallel replicas).
   double tokens_per_iteration() const;
 };
@@ -82,8 +95,10 @@ struct MemoryEstimate {
   double optimizer_bytes = 0;              ///< Adam in fp32 (master weights, m, v): 12 B/param
   double optimizer_distributed_bytes = 0;  ///< the same sharded over dp (distributed optimizer)
   double activations_bytes = 0;            ///< stored activations under the recompute policy
-  int inflight_microbatches = 0;           ///< micro-batches whose activations 1F1B keeps at once
-  double hbm_bytes = 0;                    ///< the GPU's memory
+  /// Micro-batch passes (through one chunk each when interleaved) whose activations the
+  /// schedule keeps at once (Schedule::max_in_flight).
+  int inflight_microbatches = 0;
+  double hbm_bytes = 0;  ///< the GPU's memory
   /// weights + gradients + optimizer + activations, without and with a distributed optimizer.
   double total_bytes() const;
   double total_distributed_bytes() const;

@@ -1,9 +1,9 @@
-// Whole-iteration emulation under the synchronous 1F1B pipeline schedule (Narayanan et al.,
-// "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", SC '21):
-// stage s runs min(pp-s-1, M) warm-up forwards, then alternates one forward and one backward,
-// then drains the remaining backwards. F(s,m) waits for F(s-1,m) plus the activation message,
-// B(s,m) for B(s+1,m) plus the gradient message. A GPU that waits burns static power only,
-// which is how pipeline bubbles cost energy.
+// Whole-iteration emulation under the job's pipeline schedule (synchronous or interleaved 1F1B,
+// Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
+// Megatron-LM", SC '21; the orders are include/kareus/schedule.h's). Each stage runs its order;
+// a forward waits for the previous virtual stage's forward of its micro-batch plus the
+// activation message, a backward for the next virtual stage's backward plus the gradient
+// message. A GPU that waits burns static power only, which is how pipeline bubbles cost energy.
 //
 // Clock changes: when an instruction's SM clock differs from the previous instruction's on the
 // same stage, the stage stalls `clock_switch_s` at static power once the instruction's inputs
@@ -29,19 +29,6 @@ double IterationResult::energy_j_per_gpu_sum_over_stages() const {
   double e = 0;
   for (const auto& s : stages) e += s.energy_j_per_gpu;
   return e;
-}
-
-std::vector<std::pair<InstructionKind, int>> one_f_one_b_order(int stage, int stages, int mbs) {
-  std::vector<std::pair<InstructionKind, int>> order;
-  const int warmup = std::min(stages - stage - 1, mbs);
-  int f = 0, b = 0;
-  for (; f < warmup; ++f) order.push_back({InstructionKind::kForward, f});
-  while (f < mbs) {
-    order.push_back({InstructionKind::kForward, f++});
-    order.push_back({InstructionKind::kBackward, b++});
-  }
-  while (b < mbs) order.push_back({InstructionKind::kBackward, b++});
-  return order;
 }
 
 InstructionCost emulate_instruction(const PartitionSet& ps, const EmulatorModel& m,
@@ -97,7 +84,8 @@ InstructionCost emulate_instruction(const PartitionSet& ps, const EmulatorModel&
 
 namespace {
 
-// Instruction costs, memoized per distinct settings: 1F1B repeats the same few instructions.
+// Instruction costs, memoized per distinct settings: a pipeline repeats the same few
+// instructions.
 // An overlapped schedule may run single instructions sequentially (InstructionSettings::
 // sequential): those are costed on the workload partitioned without nano-batches.
 class CostMemo {
@@ -136,29 +124,28 @@ class CostMemo {
   std::map<std::string, InstructionCost> memo_;
 };
 
-// One stage's progress through its 1F1B order.
+// One stage's progress through its order (Schedule::order).
 struct StageState {
-  std::vector<std::pair<InstructionKind, int>> order;
-  std::size_t next = 0;            ///< index into order of the next instruction
-  std::vector<double> fend, bend;  ///< end of F/B per micro-batch, -1 while not yet scheduled
+  const std::vector<ScheduledInstruction>* order = nullptr;
+  std::size_t next = 0;  ///< index into order of the next instruction
   double clock = 0, dyn = 0, busy = 0;
   int last_freq = 0, changes = 0;
   std::vector<InstructionTiming> timing;
 };
 
-// The 1F1B replay of every stage: instructions run as soon as their inputs have arrived.
+// The replay of every stage: instructions run in their stage's order as soon as their inputs
+// have arrived.
 class Replay {
  public:
-  Replay(int pp, int mbs, double p2p_t, double p2p_e, double clock_switch_s)
-      : stages_(static_cast<std::size_t>(pp)),
+  Replay(const Schedule& sched, double p2p_t, double p2p_e, double clock_switch_s)
+      : sched_(sched),
+        stages_(static_cast<std::size_t>(sched.stages())),
+        end_(2 * static_cast<std::size_t>(sched.virtual_stages() * sched.microbatches()), -1),
         p2p_t_(p2p_t),
         p2p_e_(p2p_e),
         clock_switch_s_(clock_switch_s) {
-    for (int s = 0; s < pp; ++s) {
-      auto& st = stages_[static_cast<std::size_t>(s)];
-      st.order = one_f_one_b_order(s, pp, mbs);
-      st.fend.assign(static_cast<std::size_t>(mbs), -1);
-      st.bend.assign(static_cast<std::size_t>(mbs), -1);
+    for (int s = 0; s < sched.stages(); ++s) {
+      stages_[static_cast<std::size_t>(s)].order = &sched.order(s);
     }
   }
 
@@ -170,56 +157,57 @@ class Replay {
       for (std::size_t s = 0; s < stages_.size(); ++s) progress |= advance(s, settings, cost);
     }
     for (const auto& st : stages_) {
-      if (st.next != st.order.size()) throw InternalError("1F1B schedule deadlocked");
+      if (st.next != st.order->size()) {
+        throw InternalError(fmt::format("{} schedule deadlocked", sched_.name()));
+      }
     }
     return stages_;
   }
 
  private:
-  // When the inputs of stage s's next instruction are ready, or -1 while they are not.
-  double ready_time(std::size_t s) const {
-    const StageState& st = stages_[s];
-    const auto [kind, mb] = st.order[st.next];
-    const auto m = static_cast<std::size_t>(mb);
-    if (kind == InstructionKind::kForward && s > 0) {
-      const double prev = stages_[s - 1].fend[m];
-      return prev < 0 ? -1 : std::max(st.clock, prev + p2p_t_);
-    }
-    if (kind == InstructionKind::kBackward && s + 1 < stages_.size()) {
-      const double prev = stages_[s + 1].bend[m];
-      return prev < 0 ? -1 : std::max(st.clock, prev + p2p_t_);
-    }
-    return st.clock;
+  // End time of an instruction, -1 while it has not run.
+  double& end_of(const InstructionRef& r) {
+    return end_[2 * static_cast<std::size_t>(r.virtual_stage * sched_.microbatches() +
+                                             r.microbatch) +
+                (r.kind == InstructionKind::kBackward ? 1 : 0)];
   }
 
   // Runs stage s's instructions until one waits for another stage; true if any ran.
   bool advance(std::size_t s, const SettingsFn& settings, CostMemo& cost) {
     StageState& st = stages_[s];
     bool progress = false;
-    while (st.next < st.order.size()) {
-      const double ready = ready_time(s);
-      if (ready < 0) break;
-      const auto [kind, mb] = st.order[st.next];
-      const InstructionSettings set = settings(static_cast<int>(s), kind, mb);
-      const InstructionCost& c = cost(static_cast<int>(s), kind, set);
+    while (st.next < st.order->size()) {
+      const ScheduledInstruction& x = (*st.order)[st.next];
+      const InstructionRef me{x.kind, sched_.virtual_stage(static_cast<int>(s), x.chunk),
+                              x.microbatch};
+      double ready = st.clock;
+      InstructionRef from;
+      if (sched_.input_of(me, &from)) {
+        const double prev = end_of(from);
+        if (prev < 0) break;
+        ready = std::max(ready, prev + p2p_t_);
+      }
+      const InstructionSettings set = settings(me.virtual_stage, x.kind, x.microbatch);
+      const InstructionCost& c = cost(me.virtual_stage, x.kind, set);
       const bool switches = st.last_freq != 0 && set.freq_mhz != st.last_freq;
       st.last_freq = set.freq_mhz;
       if (switches) ++st.changes;
       const double end = ready + (switches ? clock_switch_s_ : 0.0) + c.time_s;
-      st.timing.push_back({kind, mb, set.freq_mhz, ready, end, switches});
-      (kind == InstructionKind::kForward ? st.fend : st.bend)[static_cast<std::size_t>(mb)] = end;
+      st.timing.push_back({x.kind, x.microbatch, set.freq_mhz, ready, end, switches, x.chunk});
+      end_of(me) = end;
       st.clock = end;
       st.dyn += c.dynamic_energy_j;
       st.busy += c.time_s;
-      const bool sends = kind == InstructionKind::kForward ? s + 1 < stages_.size() : s > 0;
-      if (sends) st.dyn += p2p_e_;
+      if (sched_.sends(me)) st.dyn += p2p_e_;
       ++st.next;
       progress = true;
     }
     return progress;
   }
 
+  const Schedule& sched_;
   std::vector<StageState> stages_;
+  std::vector<double> end_;  ///< by (virtual stage, micro-batch, kind)
   double p2p_t_, p2p_e_, clock_switch_s_;
 };
 
@@ -244,13 +232,14 @@ IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, Exe
     seq_ps = partition_workload(seq);
   }
   CostMemo cost(ps, seq_ps ? &*seq_ps : nullptr, m, mode);
-  Replay replay(pp, w.batch.micro_batches, p2p.time_s, p2p.dynamic_energy_j, clock_switch_s);
+  const Schedule sched = w.schedule();
+  Replay replay(sched, p2p.time_s, p2p.dynamic_energy_j, clock_switch_s);
   std::vector<StageState>& stages = replay.run(settings, cost);
   // Once-per-iteration reductions after the last backward (DP gradients, tied embeddings).
   for (int idx : ps.iteration_segments) {
     const auto& seg = ps.segments[static_cast<std::size_t>(idx)];
     const SimResult r = m.simulate_sequence(seg.kernels, fmax, sms);
-    auto& st = stages[static_cast<std::size_t>(seg.stage)];
+    auto& st = stages[static_cast<std::size_t>(w.parallel.stage_of(seg.stage))];
     st.clock += r.time_s;
     st.dyn += r.dynamic_energy_j;
     st.busy += r.time_s;

@@ -1,8 +1,8 @@
 // Plan files, format version 2 (docs/formats.md): JSON with a format tag and version. Parsing
 // checks the structure and names the JSON path of a bad field; validate_plan
 // (src/plancheck/plan_check.cc) then checks every value against the workload (digest, rank
-// layout, 1F1B order, clocks, partition keys, SM counts, slots, recompute flags), so that a plan
-// that cannot run as written is refused before anything replays or applies it.
+// layout, schedule order, clocks, partition keys, SM counts, slots, recompute flags), so that a
+// plan that cannot run as written is refused before anything replays or applies it.
 #include "kareus/plan.h"
 
 #include <fmt/format.h>
@@ -173,6 +173,7 @@ nlohmann::json Plan::to_json() const {
                    {"cp", layout.cp},
                    {"dp", layout.dp},
                    {"pp", layout.pp},
+                   {"virtual_pipeline", chunks},
                    {"rank_order", RankLayout::kOrder},
                    {"rank_formula", "tp_rank + tp*(cp_rank + cp*(dp_rank + dp*pp_rank))"}};
   j["method"] = method;
@@ -197,6 +198,7 @@ nlohmann::json Plan::to_json() const {
     for (const auto& in : s.instructions) {
       nlohmann::json ij = {{"instruction", to_string(in.kind)},
                            {"microbatch", in.microbatch},
+                           {"chunk", in.chunk},
                            {"freq_mhz", in.freq_mhz},
                            {"clock_switch", in.clock_switch},
                            {"start_s", in.start_s},
@@ -260,6 +262,10 @@ void parse_identity(const Reader& r, const nlohmann::json& j, Plan& p) {
   p.layout.cp = r.integer_at_least(par, "cp", "parallel", 1);
   p.layout.dp = r.integer_at_least(par, "dp", "parallel", 1);
   p.layout.pp = r.integer_at_least(par, "pp", "parallel", 1);
+  // Written since interleaved schedules; older plans are synchronous 1F1B.
+  p.chunks = par.contains("virtual_pipeline")
+                 ? r.integer_at_least(par, "virtual_pipeline", "parallel", 1)
+                 : 1;
   if (r.text(par, "rank_order", "parallel") != RankLayout::kOrder) {
     r.fail("parallel.rank_order",
            fmt::format("allowed: '{}' (Megatron-LM's default order)", RankLayout::kOrder));
@@ -322,7 +328,7 @@ PlanPartition parse_partition(const Reader& r, const nlohmann::json& c, const st
 // One instruction; `prev` is the stage's previous one (nullptr for the first).
 PlanInstruction parse_instruction(const Reader& r, const nlohmann::json& ij, const std::string& ip,
                                   const PlanStage& s, const PlanInstruction* prev,
-                                  double tolerance_s) {
+                                  double tolerance_s, int chunks) {
   PlanInstruction in;
   const std::string kind = r.text(ij, "instruction", ip);
   if (kind != "forward" && kind != "backward") {
@@ -330,6 +336,13 @@ PlanInstruction parse_instruction(const Reader& r, const nlohmann::json& ij, con
   }
   in.kind = kind == "forward" ? InstructionKind::kForward : InstructionKind::kBackward;
   in.microbatch = r.integer_at_least(ij, "microbatch", ip, 0);
+  in.chunk = ij.contains("chunk") ? r.integer_at_least(ij, "chunk", ip, 0) : 0;
+  if (in.chunk >= chunks) {
+    r.fail(ip + ".chunk",
+           fmt::format("{}: the plan's stages hold {} model chunks (parallel.virtual_pipeline): "
+                       "allowed 0..{}",
+                       in.chunk, chunks, chunks - 1));
+  }
   in.freq_mhz = r.integer_at_least(ij, "freq_mhz", ip, 1);
   in.clock_switch = r.boolean(ij, "clock_switch", ip);
   in.start_s = r.non_negative(ij, "start_s", ip);
@@ -383,7 +396,7 @@ PlanStage parse_stage(const Reader& r, const nlohmann::json& sj, const std::stri
   for (std::size_t ii = 0; ii < instrs.size(); ++ii) {
     const PlanInstruction* prev = ii == 0 ? nullptr : &s.instructions.back();
     s.instructions.push_back(parse_instruction(r, instrs[ii], index_path(sp + ".instructions", ii),
-                                               s, prev, tolerance_s));
+                                               s, prev, tolerance_s, p.chunks));
   }
   return s;
 }
@@ -425,15 +438,18 @@ Plan Plan::from_json(const nlohmann::json& j, const std::string& source) {
   return p;
 }
 
-InstructionSettings Plan::settings(int stage, InstructionKind kind, int microbatch) const {
+InstructionSettings Plan::settings(int virtual_stage, InstructionKind kind, int microbatch) const {
+  const int stage = virtual_stage % layout.pp, chunk = virtual_stage / layout.pp;
   for (const auto& s : stages) {
     if (s.stage != stage) continue;
     for (const auto& in : s.instructions) {
-      if (in.kind == kind && in.microbatch == microbatch) return in.settings();
+      if (in.kind == kind && in.microbatch == microbatch && in.chunk == chunk) {
+        return in.settings();
+      }
     }
   }
-  throw InvalidInput(fmt::format("plan has no {} of micro-batch {} on stage {}", to_string(kind),
-                                 microbatch, stage));
+  throw InvalidInput(fmt::format("plan has no {} of micro-batch {} (chunk {}) on stage {}",
+                                 to_string(kind), microbatch, chunk, stage));
 }
 
 Plan load_plan(const std::string& path) {

@@ -44,6 +44,8 @@ std::string workload_digest(const Workload& w, const PartitionSet& ps) {
       fmt::format("{}|{}|{}|{}|{}|{}", w.gpu_name, w.parallel.pp, w.batch.micro_batches,
                   w.cluster.gpus(), w.parallel.dp, w.batch.nano_batches);
   for (int l : w.parallel.stage_layers) text += fmt::format("|{}", l);
+  // Interleaving changes the order and the chunks; 1F1B digests stay what they were.
+  if (w.parallel.virtual_pipeline > 1) text += fmt::format("|v{}", w.parallel.virtual_pipeline);
   for (const auto& p : ps.partitions) text += "|" + p.key + ":" + p.signature;
   return fmt::format("{:016x}", fnv1a(text));
 }
@@ -100,6 +102,11 @@ void check_plan_identity(const Reader& r, const Plan& p, const Workload& w,
                                    "pp={}",
                                    p.layout.tp, p.layout.cp, p.layout.dp, p.layout.pp, want.tp,
                                    want.cp, want.dp, want.pp));
+  }
+  if (p.chunks != w.parallel.virtual_pipeline) {
+    r.fail("parallel.virtual_pipeline",
+           fmt::format("{}: the workload runs {} model chunks per stage", p.chunks,
+                       w.parallel.virtual_pipeline));
   }
   if (static_cast<int>(p.stages.size()) != w.parallel.pp) {
     r.fail("stages",
@@ -166,14 +173,15 @@ void check_instruction_partitions(const Reader& r, const std::string& ip, const 
   }
 }
 
-// An instruction's place in the 1F1B order, its clock and its clock_switch flag.
+// An instruction's place in the schedule's order, its clock and its clock_switch flag.
 void check_instruction_clock(const Reader& r, const std::string& ip, const PlanInstruction& in,
-                             const PlanInstruction* prev, std::pair<InstructionKind, int> slot,
-                             const GpuSpec& gpu) {
-  if (in.kind != slot.first || in.microbatch != slot.second) {
-    r.fail(ip, fmt::format("{} of micro-batch {}: the 1F1B schedule runs {} of micro-batch "
-                           "{} here",
-                           to_string(in.kind), in.microbatch, to_string(slot.first), slot.second));
+                             const PlanInstruction* prev, const ScheduledInstruction& slot,
+                             const Schedule& sched, const GpuSpec& gpu) {
+  if (in.kind != slot.kind || in.microbatch != slot.microbatch || in.chunk != slot.chunk) {
+    r.fail(ip, fmt::format("{} of micro-batch {} (chunk {}): the {} schedule runs {} of "
+                           "micro-batch {} (chunk {}) here",
+                           to_string(in.kind), in.microbatch, in.chunk, sched.name(),
+                           to_string(slot.kind), slot.microbatch, slot.chunk));
   }
   if (!gpu.supports_freq(in.freq_mhz)) {
     r.fail(ip + ".freq_mhz",
@@ -198,27 +206,26 @@ void check_instruction_clock(const Reader& r, const std::string& ip, const PlanI
 void check_stage(const Reader& r, const Plan& p, int s, const Workload& w, const PartitionSet& ps) {
   const PlanStage& st = p.stages[static_cast<std::size_t>(s)];
   const std::string sp = index_path("stages", static_cast<std::size_t>(s));
-  const int pp = w.parallel.pp, mbs = w.batch.micro_batches;
+  const Schedule sched = w.schedule();
+  const int mbs = w.batch.micro_batches * w.parallel.virtual_pipeline;
   if (st.stage != s) r.fail(sp + ".stage", fmt::format("{}: expected {}", st.stage, s));
   if (st.ranks != p.layout.stage_ranks(s)) {
     r.fail(sp + ".ranks",
            fmt::format("[{}]: stage {} is ranks [{}] (order {})", fmt::join(st.ranks, ","), s,
                        fmt::join(p.layout.stage_ranks(s), ","), RankLayout::kOrder));
   }
-  std::vector<std::pair<InstructionKind, int>> order;
-  const Schedule schedule(pp, 1, mbs);
-  for (const auto& i : schedule.order(s)) order.push_back({i.kind, i.microbatch});
+  const auto& order = sched.order(s);
   if (st.instructions.size() != order.size()) {
     r.fail(sp + ".instructions",
-           fmt::format("{} instructions: stage {} of the workload's 1F1B schedule has {} ({} "
+           fmt::format("{} instructions: stage {} of the workload's {} schedule has {} ({} "
                        "forward and {} backward)",
-                       st.instructions.size(), s, order.size(), mbs, mbs));
+                       st.instructions.size(), s, sched.name(), order.size(), mbs, mbs));
   }
   for (std::size_t i = 0; i < order.size(); ++i) {
     const PlanInstruction& in = st.instructions[i];
     const std::string ip = index_path(sp + ".instructions", i);
     const PlanInstruction* prev = i == 0 ? nullptr : &st.instructions[i - 1];
-    check_instruction_clock(r, ip, in, prev, order[i], w.gpu());
+    check_instruction_clock(r, ip, in, prev, order[i], sched, w.gpu());
     if (p.execution == ExecutionMode::kSequential || in.sequential) {
       if (!in.partitions.empty()) {
         r.fail(ip + ".partitions",
@@ -228,7 +235,7 @@ void check_stage(const Reader& r, const Plan& p, int s, const Workload& w, const
       }
       continue;
     }
-    check_instruction_partitions(r, ip, in, ps, s);
+    check_instruction_partitions(r, ip, in, ps, sched.virtual_stage(s, in.chunk));
   }
   const int changes = static_cast<int>(st.clock_runs().size()) - (st.instructions.empty() ? 0 : 1);
   if (st.clock_changes != changes) {

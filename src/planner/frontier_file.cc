@@ -35,8 +35,8 @@ nlohmann::json option_to_json(const InstructionOption& o) {
   return j;
 }
 
-// Choices of the instruction nodes, per stage in node order (1F1B order), run-length encoded as
-// [option, count] pairs, options renumbered by `index` (per table: old index -> stored index);
+// Choices of the instruction nodes, per stage in node order (execution order), run-length encoded
+// as [option, count] pairs, options renumbered by `index` (per table: old index -> stored index);
 // the other nodes have one option.
 nlohmann::json choice_to_json(const MethodFrontier& f, const std::vector<int>& choice,
                               const std::vector<std::vector<int>>& index) {
@@ -195,10 +195,12 @@ MethodFrontier method_frontier_from_json(const Fields& r, const nlohmann::json& 
     f.reductions.push_back({v[0], v[1]});
   }
   const auto& tables = r.at(j, "tables", path);
-  if (!tables.is_array() || tables.size() != 2 * static_cast<std::size_t>(w.parallel.pp) ||
+  const int vstages = w.parallel.virtual_stages();
+  if (!tables.is_array() || tables.size() != 2 * static_cast<std::size_t>(vstages) ||
       f.reductions.size() != ps.iteration_segments.size()) {
     r.fail(path + ".tables",
-           fmt::format("expected 2 x pp = {} option tables for the workload", 2 * w.parallel.pp));
+           fmt::format("expected 2 x pp x virtual_pipeline = {} option tables for the workload",
+                       2 * vstages));
   }
   for (std::size_t t = 0; t < tables.size(); ++t) {
     const std::string tp = fmt::format("{}.tables[{}]", path, t);

@@ -460,16 +460,16 @@ MethodFrontier Planner::frontier_layers(Method m) {
   return mf;
 }
 
-// Instruction options of every (stage, kind), then the costs of messages and reductions: one
-// option each, at the maximum clock with NCCL's default CTAs.
+// Instruction options of every (virtual stage, kind), then the costs of messages and
+// reductions: one option each, at the maximum clock with NCCL's default CTAs.
 void Planner::compose_tables(MethodFrontier& mf,
                              const std::vector<std::vector<InstructionOption>>* uniform) {
-  const int pp = w_.parallel.pp;
-  const std::size_t total = 2 * static_cast<std::size_t>(pp);
+  const int pp = w_.parallel.pp, vstages = w_.parallel.virtual_stages();
+  const std::size_t total = 2 * static_cast<std::size_t>(vstages);
   const std::string label = fmt::format("compose {}", to_string(mf.method));
   mf.tables.assign(total, {});
   std::size_t done = 0;
-  for (int s = 0; s < pp; ++s) {
+  for (int s = 0; s < vstages; ++s) {
     for (InstructionKind k : {InstructionKind::kForward, InstructionKind::kBackward}) {
       const std::size_t t = 2 * static_cast<std::size_t>(s) + static_cast<std::size_t>(k);
       auto& table = mf.tables[t];
@@ -494,9 +494,10 @@ void Planner::compose_tables(MethodFrontier& mf,
 }
 
 void build_iteration_dag(const Workload& w, const PartitionSet& ps, MethodFrontier& mf) {
-  const int pp = w.parallel.pp, mbs = w.batch.micro_batches;
+  const Schedule sched = w.schedule();
+  const int pp = sched.stages(), mbs = sched.microbatches();
   const double per_stage = static_cast<double>(w.parallel.tp) * w.parallel.cp * w.parallel.dp;
-  if (mf.tables.size() != 2 * static_cast<std::size_t>(pp) ||
+  if (mf.tables.size() != 2 * static_cast<std::size_t>(sched.virtual_stages()) ||
       mf.reductions.size() != ps.iteration_segments.size()) {
     throw InternalError("build_iteration_dag: option tables do not match the workload");
   }
@@ -504,10 +505,12 @@ void build_iteration_dag(const Workload& w, const PartitionSet& ps, MethodFronti
   dag.nodes.clear();
   dag.edges.clear();
   mf.node_table.clear();
-  auto add_node = [&](int stage, DagNodeKind kind, int mb, std::vector<DagOption> o, int table) {
+  auto add_node = [&](int stage, int chunk, DagNodeKind kind, int mb, std::vector<DagOption> o,
+                      int table) {
     DagNode n;
     n.id = static_cast<int>(dag.nodes.size());
     n.stage = stage;
+    n.chunk = chunk;
     n.instruction = kind;
     n.microbatch = mb;
     n.options = std::move(o);
@@ -521,35 +524,46 @@ void build_iteration_dag(const Workload& w, const PartitionSet& ps, MethodFronti
     for (const auto& x : mf.tables[t])
       dag_options[t].push_back({x.time_s, x.dynamic_energy_j * per_stage});
   }
-  std::map<std::tuple<int, int, int>, int> node_of;  // (stage, kind, mb) -> node
+  // Instruction nodes, stage by stage in the schedule's order: node ids of one stage ascend in
+  // execution order (stage_instructions relies on it).
+  std::map<std::tuple<int, int, int>, int> node_of;  // (kind, virtual stage, mb) -> node
   std::vector<int> last(static_cast<std::size_t>(pp), -1);
   for (int s = 0; s < pp; ++s) {
-    for (const auto& [k, mb] : one_f_one_b_order(s, pp, mbs)) {
-      const int t = 2 * s + static_cast<int>(k);
-      const int id = add_node(s, dag_node_kind(k), mb, dag_options[static_cast<std::size_t>(t)], t);
-      node_of[{s, static_cast<int>(k), mb}] = id;
+    for (const auto& x : sched.order(s)) {
+      const int vs = sched.virtual_stage(s, x.chunk);
+      const int t = 2 * vs + static_cast<int>(x.kind);
+      const int id = add_node(s, x.chunk, dag_node_kind(x.kind), x.microbatch,
+                              dag_options[static_cast<std::size_t>(t)], t);
+      node_of[{static_cast<int>(x.kind), vs, x.microbatch}] = id;
       auto& prev = last[static_cast<std::size_t>(s)];
       if (prev >= 0) dag.edges.push_back({prev, id});
       prev = id;
     }
   }
+  // A message between every pair of consecutive virtual stages, each way, on the sender.
   const DagOption msg{mf.p2p.time_s, mf.p2p.dynamic_energy_j * per_stage};
   for (int mb = 0; mb < mbs; ++mb) {
-    for (int s = 0; s + 1 < pp; ++s) {
-      const int fwd = add_node(s, DagNodeKind::kP2p, mb, {msg}, -1);
-      dag.edges.push_back({node_of.at({s, 0, mb}), fwd});
-      dag.edges.push_back({fwd, node_of.at({s + 1, 0, mb})});
-      const int back = add_node(s + 1, DagNodeKind::kP2p, mb, {msg}, -1);
-      dag.edges.push_back({node_of.at({s + 1, 1, mb}), back});
-      dag.edges.push_back({back, node_of.at({s, 1, mb})});
+    for (int vs = 0; vs < sched.virtual_stages(); ++vs) {
+      for (InstructionKind k : {InstructionKind::kForward, InstructionKind::kBackward}) {
+        const InstructionRef to{k, vs, mb};
+        InstructionRef from;
+        if (!sched.input_of(to, &from)) continue;
+        const int sender = node_of.at({static_cast<int>(from.kind), from.virtual_stage, mb});
+        const int m =
+            add_node(sched.stage_of(from.virtual_stage), sched.chunk_of(from.virtual_stage),
+                     DagNodeKind::kP2p, mb, {msg}, -1);
+        dag.edges.push_back({sender, m});
+        dag.edges.push_back({m, node_of.at({static_cast<int>(k), vs, mb})});
+      }
     }
   }
   for (std::size_t r = 0; r < ps.iteration_segments.size(); ++r) {
     const Segment& seg = ps.segments[static_cast<std::size_t>(ps.iteration_segments[r])];
     const SegmentRun& c = mf.reductions[r];
-    const int id = add_node(seg.stage, DagNodeKind::kIteration, -1,
+    const int stage = sched.stage_of(seg.stage);
+    const int id = add_node(stage, sched.chunk_of(seg.stage), DagNodeKind::kIteration, -1,
                             {{c.time_s, c.dynamic_energy_j * per_stage}}, -1);
-    auto& prev = last[static_cast<std::size_t>(seg.stage)];
+    auto& prev = last[static_cast<std::size_t>(stage)];
     dag.edges.push_back({prev, id});
     prev = id;
   }
@@ -632,7 +646,7 @@ MethodFrontier Planner::frontier_with(Method m,
 
 namespace {
 
-// Instruction nodes of each stage, in 1F1B order (node ids are added stage by stage in order).
+// Instruction nodes of each stage, in execution order (build_iteration_dag adds them so).
 std::vector<std::vector<int>> stage_instructions(const MethodFrontier& f) {
   int stages = 0;
   for (const auto& n : f.dag.nodes) stages = std::max(stages, n.stage + 1);
@@ -946,6 +960,7 @@ Plan plan_header(const Workload& w, const std::string& digest, const MethodFront
   p.gpu = w.gpu_name;
   p.gpus = w.cluster.gpus();
   p.layout = {w.parallel.tp, w.parallel.cp, w.parallel.dp, w.parallel.pp};
+  p.chunks = w.parallel.virtual_pipeline;
   p.method = to_string(f.method);
   p.label = display_name(f.method);
   p.power_calibrated = w.gpu().power_calibrated;
@@ -969,7 +984,7 @@ Plan plan_header(const Workload& w, const std::string& digest, const MethodFront
   return p;
 }
 
-// Per (stage, kind): each partition's instance count, for the plan's `instances`.
+// Per (virtual stage, kind): each partition's instance count, for the plan's `instances`.
 using InstanceCounts = std::map<std::pair<int, int>, std::map<std::string, int>>;
 InstanceCounts instance_counts(const PartitionSet& ps, ExecutionMode execution) {
   InstanceCounts out;
@@ -1022,6 +1037,7 @@ PlanInstruction plan_instruction(const PartitionSet& ps, const DagNode& n,
   in.kind = n.instruction == DagNodeKind::kForward ? InstructionKind::kForward
                                                    : InstructionKind::kBackward;
   in.microbatch = n.microbatch;
+  in.chunk = n.chunk;
   in.freq_mhz = o.freq_mhz;
   in.time_s = o.time_s;
   in.dynamic_energy_j = o.dynamic_energy_j;
@@ -1058,7 +1074,8 @@ Plan materialize_plan(const Workload& w, const PartitionSet& ps, const std::stri
     const InstructionKind kind = n.instruction == DagNodeKind::kForward
                                      ? InstructionKind::kForward
                                      : InstructionKind::kBackward;
-    auto counts = instances.find({n.stage, static_cast<int>(kind)});
+    const int vs = n.chunk * w.parallel.pp + n.stage;
+    auto counts = instances.find({vs, static_cast<int>(kind)});
     st.instructions.push_back(
         plan_instruction(ps, n, o, sch, counts == instances.end() ? kNoCounts : counts->second));
   }
@@ -1077,6 +1094,7 @@ nlohmann::json dag_to_json(const IterationDag& dag) {
   for (const auto& n : dag.nodes) {
     nlohmann::json nj = {{"id", n.id},
                          {"stage", n.stage},
+                         {"chunk", n.chunk},
                          {"instruction", to_string(n.instruction)},
                          {"microbatch", n.microbatch},
                          {"options", nlohmann::json::array()}};

@@ -431,8 +431,10 @@ class Builder {
   }
   double vocab_params() const { return vocab_ * h_; }
 
+  // With sequence parallelism a stage's output is already split over the TP ranks, and each
+  // sends only its share (Megatron-LM's p2p tensor_shape is [s / cp / tp, b, h] then).
   Kernel p2p() const {
-    return collective("p2p", CollectiveKind::kP2P, CommGroup::kPp, tokens_ * h_ * kBf16);
+    return collective("p2p", CollectiveKind::kP2P, CommGroup::kPp, sp_tokens_ * h_ * kBf16);
   }
 
   Kernel dp_grad_reduce(double params) const {
@@ -507,8 +509,9 @@ KernelGraph build_kernel_graph(const Workload& w) {
 
   KernelGraph g;
   g.p2p = micro.p2p();
-  const int pp = p.pp;
-  for (int s = 0; s < pp; ++s) {
+  // One stage graph per virtual stage (model chunk); without interleaving they are the stages.
+  const int pp = p.pp, vstages = p.virtual_stages();
+  for (int s = 0; s < vstages; ++s) {
     StageGraph sg;
     sg.stage = s;
     sg.layers = p.stage_layers.at(static_cast<std::size_t>(s));
@@ -530,14 +533,15 @@ KernelGraph build_kernel_graph(const Workload& w) {
       sg.forward.prologue = micro.embedding_forward();
       sg.backward.epilogue = micro.embedding_backward();
     }
-    if (s == pp - 1) {
+    if (s == vstages - 1) {
       sg.forward.epilogue = micro.output_forward();
       sg.backward.prologue = micro.output_backward();
     }
     double params = sg.layers * nano.layer_params();
-    const bool holds_vocab = s == 0 || s == pp - 1;
+    const bool holds_vocab = s == 0 || s == vstages - 1;
     if (holds_vocab) params += nano.vocab_params();
     if (pp == 1 && !w.model.tied_embeddings) params += nano.vocab_params();
+    // Each chunk's gradients are reduced on their own (Megatron-LM's per-chunk buffers).
     if (p.dp > 1) sg.per_iteration.push_back(nano.dp_grad_reduce(params));
     if (pp > 1 && w.model.tied_embeddings && holds_vocab) {
       sg.per_iteration.push_back(nano.embedding_grad_reduce());

@@ -13,7 +13,9 @@
 // recompute keeps only each layer's input, 2*s*b*h bytes (divided by t with sequence
 // parallelism), plus one layer's activations while it is recomputed (section 4.2). Context
 // parallelism divides s by cp. Under 1F1B, stage i keeps the activations of min(pp - i,
-// micro_batches) micro-batches at once (Narayanan et al., SC '21, section 2.2.1). Everything
+// micro_batches) micro-batches at once (Narayanan et al., SC '21, section 2.2.1); under
+// interleaved 1F1B it holds up to Schedule::max_in_flight(i) chunk passes, each over 1/v of the
+// stage's layers (about (1 + (p - 1) / (p v)) times the 1F1B figure on stage 0). Everything
 // left out (CUDA context, NCCL buffers, logits, fragmentation) makes the estimate a lower bound.
 #include <fmt/format.h>
 
@@ -40,7 +42,7 @@ double stage_parameters(const Workload& w, int s) {
   const double matmul =
       h * (m.heads + 2.0 * m.kv_heads) * d + m.heads * d * h + 3.0 * h * m.ffn_hidden;
   const double norms = 2.0 * h + (m.qk_norm ? 2.0 * d : 0.0);
-  double p = w.parallel.stage_layers[static_cast<std::size_t>(s)] * (matmul / t + norms);
+  double p = w.parallel.layers_of_stage(s) * (matmul / t + norms);
   const int last = w.parallel.pp - 1;
   if (s == 0) p += static_cast<double>(m.vocab) * h / t;
   if (s == last) {
@@ -90,6 +92,7 @@ double gpu_memory_bytes(const std::string& gpu_name) {
 MemoryEstimate estimate_memory(const Workload& w) {
   MemoryEstimate best;
   const int pp = w.parallel.pp;
+  const Schedule sched = w.schedule();
   for (int s = 0; s < pp; ++s) {
     MemoryEstimate e;
     e.stage = s;
@@ -98,8 +101,10 @@ MemoryEstimate estimate_memory(const Workload& w) {
     e.gradients_bytes = kGradientBytes * e.parameters;
     e.optimizer_bytes = kOptimizerBytes * e.parameters;
     e.optimizer_distributed_bytes = e.optimizer_bytes / w.parallel.dp;
-    e.inflight_microbatches = std::min(pp - s, w.batch.micro_batches);
-    const double layers = w.parallel.stage_layers[static_cast<std::size_t>(s)];
+    e.inflight_microbatches = sched.max_in_flight(s);
+    // Layers of one chunk pass: the stage's layers over its chunks.
+    const double layers =
+        static_cast<double>(w.parallel.layers_of_stage(s)) / w.parallel.virtual_pipeline;
     e.activations_bytes =
         w.recompute == Recompute::kFull
             ? e.inflight_microbatches * layers * layer_input_bytes(w) + layer_activation_bytes(w)

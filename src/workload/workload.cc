@@ -57,6 +57,8 @@ constexpr SizeLimit kSizeLimits[] = {
     {"parallel.cp", 1024, "1024 context-parallel ranks split 4M tokens into 4K-token chunks"},
     {"parallel.pp", 1024, "a pipeline stage holds at least one layer (model.layers <= 1024)"},
     {"parallel.dp", 131072, "the GPU count is at most 131072"},
+    {"parallel.virtual_pipeline", 1024,
+     "a model chunk holds at least one layer (model.layers <= 1024)"},
     {"batch.micro_batch", 4096, "2x the sequences of the largest published global batch (2048)"},
     {"batch.seq_len", 4194304, "4x the longest trained context (1M tokens)"},
     {"batch.micro_batches", 4096,
@@ -292,19 +294,22 @@ std::vector<int> parse_stage_layers(const Section& p, int model_layers) {
 }
 
 ParallelConfig parse_parallel(const Section& p, int model_layers) {
-  p.check_keys({"tp", "cp", "pp", "dp", "sequence_parallel", "stage_layers"});
+  p.check_keys({"tp", "cp", "pp", "dp", "sequence_parallel", "virtual_pipeline", "stage_layers"});
   ParallelConfig par;
   par.tp = p.positive_int_or("tp", 1);
   par.cp = p.positive_int_or("cp", 1);
   par.pp = p.positive_int_or("pp", 1);
   par.dp = p.positive_int_or("dp", 1);
   par.sequence_parallel = p.boolean_or("sequence_parallel", false);
+  par.virtual_pipeline = p.positive_int_or("virtual_pipeline", 1);
   if (p.has("stage_layers")) {
     par.stage_layers = parse_stage_layers(p, model_layers);
   } else {
-    // Even split, earlier stages take the remainder (Megatron's default for uneven splits).
-    for (int s = 0; s < par.pp; ++s) {
-      par.stage_layers.push_back(model_layers / par.pp + (s < model_layers % par.pp ? 1 : 0));
+    // Even split, earlier virtual stages take the remainder (Megatron's default for uneven
+    // splits; with chunks Megatron-LM needs layers divisible by pp * virtual_pipeline).
+    const int vs = par.virtual_stages();
+    for (int s = 0; s < vs; ++s) {
+      par.stage_layers.push_back(model_layers / vs + (s < model_layers % vs ? 1 : 0));
     }
   }
   return par;
@@ -355,6 +360,7 @@ void check_sizes(const Workload& w) {
       {"parallel.cp", p.cp},
       {"parallel.pp", p.pp},
       {"parallel.dp", p.dp},
+      {"parallel.virtual_pipeline", p.virtual_pipeline},
       {"batch.micro_batch", b.micro_batch},
       {"batch.seq_len", b.seq_len},
       {"batch.micro_batches", b.micro_batches},
@@ -384,6 +390,18 @@ void check_sizes(const Workload& w) {
 }
 
 }  // namespace
+
+int ParallelConfig::layers_of_stage(int stage) const {
+  int n = 0;
+  for (std::size_t vs = 0; vs < stage_layers.size(); ++vs) {
+    if (stage_of(static_cast<int>(vs)) == stage) n += stage_layers[vs];
+  }
+  return n;
+}
+
+Schedule Workload::schedule() const {
+  return Schedule(parallel.pp, parallel.virtual_pipeline, batch.micro_batches);
+}
 
 double Workload::tokens_per_iteration() const {
   return static_cast<double>(batch.micro_batch) * batch.seq_len * batch.micro_batches * parallel.dp;
@@ -423,10 +441,31 @@ void validate_workload(const Workload& w) {
     fail("parallel.tp", fmt::format("model ffn_hidden ({}) must be divisible by tp ({})",
                                     w.model.ffn_hidden, p.tp));
   }
-  if (static_cast<int>(p.stage_layers.size()) != p.pp) {
+  if (p.virtual_pipeline > 1 && p.pp < 2) {
+    fail("parallel.virtual_pipeline",
+         fmt::format("{} model chunks per stage need a pipeline: parallel.pp >= 2 (got {})",
+                     p.virtual_pipeline, p.pp));
+  }
+  if (p.virtual_pipeline > 1 && b.micro_batches % p.pp != 0) {
+    fail("parallel.virtual_pipeline",
+         fmt::format("interleaved 1F1B runs micro-batches in groups of the pipeline size: "
+                     "batch.micro_batches ({}) must be a multiple of parallel.pp ({})",
+                     b.micro_batches, p.pp));
+  }
+  if (p.virtual_stages() > w.model.layers) {
+    fail(p.virtual_pipeline > 1 ? "parallel.virtual_pipeline" : "parallel.pp",
+         fmt::format("pp * virtual_pipeline = {} * {} = {} model chunks for {} layers: every "
+                     "chunk needs at least one layer",
+                     p.pp, p.virtual_pipeline, p.virtual_stages(), w.model.layers));
+  }
+  if (static_cast<int>(p.stage_layers.size()) != p.virtual_stages()) {
     fail("parallel.stage_layers",
-         fmt::format("needs one entry per pipeline stage (pp = {}), got {}", p.pp,
-                     p.stage_layers.size()));
+         p.virtual_pipeline == 1
+             ? fmt::format("needs one entry per pipeline stage (pp = {}), got {}", p.pp,
+                           p.stage_layers.size())
+             : fmt::format("needs one entry per model chunk, pp * virtual_pipeline = {} * {} = "
+                           "{} (chunk c of stage s is entry c * pp + s), got {}",
+                           p.pp, p.virtual_pipeline, p.virtual_stages(), p.stage_layers.size()));
   }
   for (int l : p.stage_layers) {
     if (l <= 0) fail("parallel.stage_layers", fmt::format("entries must be positive, got {}", l));

@@ -248,18 +248,6 @@ TEST(ProfilerRegistry, UnknownNameListsBackends) {
   }
 }
 
-TEST(Iteration, OneFOneBOrder) {
-  using K = InstructionKind;
-  const auto o = one_f_one_b_order(0, 2, 3);
-  const std::vector<std::pair<K, int>> expect = {{K::kForward, 0},  {K::kForward, 1},
-                                                 {K::kBackward, 0}, {K::kForward, 2},
-                                                 {K::kBackward, 1}, {K::kBackward, 2}};
-  EXPECT_EQ(o, expect);
-  const auto last = one_f_one_b_order(1, 2, 3);
-  EXPECT_EQ(last.front(), (std::pair<K, int>{K::kForward, 0}));
-  EXPECT_EQ(last[1], (std::pair<K, int>{K::kBackward, 0}));
-}
-
 TEST(Iteration, PipelineEnergyAccounting) {
   // Every GPU burns static power for the whole iteration, dynamic power only while busy.
   const auto w = load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096"));

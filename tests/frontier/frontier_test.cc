@@ -9,6 +9,7 @@
 #include "kareus/emulator.h"
 #include "kareus/error.h"
 #include "kareus/pareto.h"
+#include "kareus/schedule.h"
 
 namespace kareus {
 namespace {
@@ -27,8 +28,11 @@ IterationDag random_dag(int stages, int mbs, int max_options, std::mt19937_64& r
     dag.nodes.push_back(n);
     return n.id;
   };
+  const Schedule sched(stages, 1, mbs);
   for (int s = 0; s < stages; ++s) {
-    for (const auto& [k, mb] : one_f_one_b_order(s, stages, mbs)) {
+    for (const auto& x : sched.order(s)) {
+      const InstructionKind k = x.kind;
+      const int mb = x.microbatch;
       DagNode n;
       n.stage = s;
       n.instruction = dag_node_kind(k);

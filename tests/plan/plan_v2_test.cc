@@ -214,7 +214,7 @@ TEST(PlanV2, ValidationNamesTheField) {
       {"count", [](nlohmann::json& j) { j["stages"][0]["instructions"].erase(15); },
        "stages[0].instructions", "has 16", ""},
       {"order", [](nlohmann::json& j) { j["stages"][0]["instructions"][1]["microbatch"] = 5; },
-       "stages[0].instructions[1]", "1F1B schedule runs forward of micro-batch 1", ""},
+       "stages[0].instructions[1]", "1f1b schedule runs forward of micro-batch 1 (chunk 0)", ""},
       {"partition",
        [&](nlohmann::json& j) {
          auto& parts = j["stages"][1]["instructions"][3]["partitions"];

@@ -19,9 +19,7 @@ namespace {
 std::vector<std::string> names(const std::vector<ScheduledInstruction>& o) {
   std::vector<std::string> out;
   for (const auto& x : o) {
-    // fmt rather than std::string's operator+, which GCC 12 at -O3 flags with a false
-    // -Wrestrict.
-    out.push_back(fmt::format("{}{}.{}", x.kind == InstructionKind::kForward ? "F" : "B", x.chunk,
+    out.push_back(fmt::format("{}{}.{}", x.kind == InstructionKind::kForward ? 'F' : 'B', x.chunk,
                               x.microbatch));
   }
   return out;
