@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "kareus/compose.h"
-#include "kareus/emulator.h"
 #include "kareus/frontier.h"
 #include "kareus/plan.h"
 #include "kareus/plan_check.h"

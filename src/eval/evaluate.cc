@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "kareus/emulator.h"
 #include "kareus/error.h"
 #include "kareus/frontier_file.h"
 #include "kareus/interrupt.h"

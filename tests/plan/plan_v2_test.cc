@@ -11,6 +11,7 @@
 #include <set>
 #include <tuple>
 
+#include "kareus/emulator.h"
 #include "kareus/error.h"
 #include "kareus/planner.h"
 #include "test_util.h"
