@@ -491,6 +491,28 @@ void Planner::compose_tables(MethodFrontier& mf,
     const PartitionOption c = segment_cost(ps_.segments[static_cast<std::size_t>(idx)], fmax);
     mf.reductions.push_back({c.time_s, c.dynamic_energy_j});
   }
+  // Overlapped data-parallel communication, measured at the settings the emulator's replay
+  // assumes (dp_grad_increment): the maximum clock, NCCL's default CTAs. On the partitions the
+  // method's instructions run on.
+  const PartitionSet& dps =
+      mf.execution == ExecutionMode::kSequential ? sequential_partitions() : ps_;
+  const int sms = w_.gpu().segment_collective_sms();
+  mf.dp_grad.clear();
+  for (const auto& o : dps.dp_grad_overlaps) {
+    PartitionOption inc = segment_cost(o.exposed, fmax);
+    if (!o.no_overlap) {
+      const Measurement with = profiler_.measure(o.overlapped, {fmax, sms, "first_bucket"});
+      const PartitionOption alone = segment_cost(o.compute, fmax);
+      inc.time_s += std::max(0.0, with.time_s - alone.time_s);
+      inc.dynamic_energy_j += std::max(0.0, with.dynamic_energy_j - alone.dynamic_energy_j);
+    }
+    mf.dp_grad.push_back({inc.time_s, inc.dynamic_energy_j});
+  }
+  mf.dp_gather.clear();
+  for (const auto& g : dps.dp_param_gathers) {
+    const PartitionOption c = segment_cost(g, fmax);
+    mf.dp_gather.push_back({c.time_s, c.dynamic_energy_j});
+  }
 }
 
 void build_iteration_dag(const Workload& w, const PartitionSet& ps, MethodFrontier& mf) {
@@ -498,7 +520,9 @@ void build_iteration_dag(const Workload& w, const PartitionSet& ps, MethodFronti
   const int pp = sched.stages(), mbs = sched.microbatches();
   const double per_stage = static_cast<double>(w.parallel.tp) * w.parallel.cp * w.parallel.dp;
   if (mf.tables.size() != 2 * static_cast<std::size_t>(sched.virtual_stages()) ||
-      mf.reductions.size() != ps.iteration_segments.size()) {
+      mf.reductions.size() != ps.iteration_segments.size() ||
+      mf.dp_grad.size() != ps.dp_grad_overlaps.size() ||
+      mf.dp_gather.size() != ps.dp_param_gathers.size()) {
     throw InternalError("build_iteration_dag: option tables do not match the workload");
   }
   IterationDag& dag = mf.dag;
@@ -528,8 +552,37 @@ void build_iteration_dag(const Workload& w, const PartitionSet& ps, MethodFronti
   // execution order (stage_instructions relies on it).
   std::map<std::tuple<int, int, int>, int> node_of;  // (kind, virtual stage, mb) -> node
   std::vector<int> last(static_cast<std::size_t>(pp), -1);
+  // Data-parallel costs by virtual stage (PartitionSet::dp_grad_overlaps, dp_param_gathers).
+  std::map<int, SegmentRun> grad_of, gather_of;
+  for (std::size_t i = 0; i < ps.dp_grad_overlaps.size(); ++i) {
+    grad_of[ps.dp_grad_overlaps[i].stage] = mf.dp_grad[i];
+  }
+  for (std::size_t i = 0; i < ps.dp_param_gathers.size(); ++i) {
+    gather_of[ps.dp_param_gathers[i].stage] = mf.dp_gather[i];
+  }
+  // The parameter all-gathers: each stage's DP stream, in chunk order from the iteration start.
+  std::map<int, int> gather_node;  // virtual stage -> node
   for (int s = 0; s < pp; ++s) {
-    for (const auto& x : sched.order(s)) {
+    int prev = -1;
+    for (int c = 0; c < sched.chunks(); ++c) {
+      const int vs = sched.virtual_stage(s, c);
+      auto g = gather_of.find(vs);
+      if (g == gather_of.end()) continue;
+      const int id = add_node(s, c, DagNodeKind::kDataParallel, -1,
+                              {{g->second.time_s, g->second.dynamic_energy_j * per_stage}}, -1);
+      if (prev >= 0) dag.edges.push_back({prev, id});
+      gather_node[vs] = prev = id;
+    }
+  }
+  for (int s = 0; s < pp; ++s) {
+    const auto& order = sched.order(s);
+    std::map<int, std::size_t> last_bwd;  // chunk -> index of its last backward in the order
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      if (order[i].kind == InstructionKind::kBackward) last_bwd[order[i].chunk] = i;
+    }
+    std::set<int> started;  // chunks whose first forward has been added
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      const auto& x = order[i];
       const int vs = sched.virtual_stage(s, x.chunk);
       const int t = 2 * vs + static_cast<int>(x.kind);
       const int id = add_node(s, x.chunk, dag_node_kind(x.kind), x.microbatch,
@@ -538,6 +591,20 @@ void build_iteration_dag(const Workload& w, const PartitionSet& ps, MethodFronti
       auto& prev = last[static_cast<std::size_t>(s)];
       if (prev >= 0) dag.edges.push_back({prev, id});
       prev = id;
+      if (x.kind == InstructionKind::kForward && started.insert(x.chunk).second) {
+        if (auto g = gather_node.find(vs); g != gather_node.end()) {
+          dag.edges.push_back({g->second, id});
+        }
+      }
+      // The gradient reduction's exposed cost follows the chunk's last backward on the stage.
+      if (x.kind == InstructionKind::kBackward && last_bwd.at(x.chunk) == i) {
+        if (auto g = grad_of.find(vs); g != grad_of.end()) {
+          const int d = add_node(s, x.chunk, DagNodeKind::kDataParallel, x.microbatch,
+                                 {{g->second.time_s, g->second.dynamic_energy_j * per_stage}}, -1);
+          dag.edges.push_back({prev, d});
+          prev = d;
+        }
+      }
     }
   }
   // A message between every pair of consecutive virtual stages, each way, on the sender.
@@ -1068,6 +1135,14 @@ Plan materialize_plan(const Workload& w, const PartitionSet& ps, const std::stri
     const DagNode& n = f.dag.nodes[i];
     PlanStage& st = p.stages[static_cast<std::size_t>(n.stage)];
     if (n.instruction != DagNodeKind::kP2p) st.end_s = std::max(st.end_s, sch.end_s[i]);
+    if (n.instruction == DagNodeKind::kDataParallel) {
+      // A gradient node follows its backward (node i - 1, build_iteration_dag), whose buckets
+      // it reduces while that runs; a gather has no micro-batch.
+      const bool grad = n.microbatch >= 0;
+      st.dp_collectives.push_back({grad ? "grad_reducescatter" : "param_allgather", n.chunk,
+                                   grad ? sch.start_s[i - 1] : sch.start_s[i], sch.end_s[i]});
+      continue;
+    }
     const auto& opts = f.node_options(i);
     if (opts.empty()) continue;  // messages and reductions are not instructions
     const InstructionOption& o = opts.at(static_cast<std::size_t>(choice[i]));
