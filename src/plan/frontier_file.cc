@@ -300,7 +300,25 @@ nlohmann::json frontiers_to_json(const std::map<Method, MethodFrontier>& f,
                                  const std::vector<FrontierRef>& merged) {
   nlohmann::json j;
   j["methods"] = nlohmann::json::object();
-  for (const auto& [m, mf] : f) j["methods"][to_string(m)] = method_frontier_to_json(mf);
+  // A method that plans exactly as another (one nano-batch: Kareus and Nanobatching+Perseus plan
+  // as Perseus) is stored once; the others name it.
+  std::vector<std::pair<std::string, nlohmann::json>> written;
+  for (const auto& [m, mf] : f) {
+    nlohmann::json mj = method_frontier_to_json(mf);
+    std::string same;
+    for (const auto& [name, other] : written) {
+      if (other == mj) {
+        same = name;
+        break;
+      }
+    }
+    if (same.empty()) {
+      j["methods"][to_string(m)] = mj;
+      written.emplace_back(to_string(m), std::move(mj));
+    } else {
+      j["methods"][to_string(m)] = {{"same_as", same}};
+    }
+  }
   j["points"] = nlohmann::json::array();
   for (const FrontierRef& r : merged) {
     const FrontierPoint& p = f.at(r.method).points.at(r.index);
@@ -407,10 +425,24 @@ FrontierFile load_frontier_file(const std::string& path) {
   f.planner = r.at(j, "planner", "");
   const auto& methods = r.at(j, "methods", "");
   for (Method m : kMethods) {
-    if (!methods.contains(to_string(m))) continue;
+    if (!methods.contains(to_string(m)) || methods[to_string(m)].contains("same_as")) continue;
     f.methods.emplace(m, method_frontier_from_json(r, methods[to_string(m)],
                                                    std::string("methods.") + to_string(m), m,
                                                    f.workload, f.partitions));
+  }
+  for (Method m : kMethods) {
+    if (!methods.contains(to_string(m)) || !methods[to_string(m)].contains("same_as")) continue;
+    const std::string path = std::string("methods.") + to_string(m) + ".same_as";
+    const auto& same = methods[to_string(m)]["same_as"];
+    const auto it = std::find_if(f.methods.begin(), f.methods.end(), [&](const auto& kv) {
+      return same.is_string() && to_string(kv.first) == same.get<std::string>();
+    });
+    if (it == f.methods.end()) {
+      r.fail(path, "expected the name of a method stored in full in this file");
+    }
+    MethodFrontier copy = it->second;
+    copy.method = m;
+    f.methods.emplace(m, std::move(copy));
   }
   const auto& points = r.at(j, "points", "");
   for (std::size_t k = 0; k < points.size(); ++k) {
