@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -66,7 +67,7 @@ struct Partition {
 struct Instruction {
   int index = 0;
   std::string kind;
-  int microbatch = 0, freq_mhz = 0;
+  int microbatch = 0, chunk = 0, freq_mhz = 0;
   double start_s = 0, end_s = 0, time_s = 0;
   bool sequential = false;
   std::map<std::string, Partition> partitions;
@@ -94,6 +95,7 @@ Instruction read_instruction(const kareus_plan* h, int index) {
   in.index = index;
   in.kind = kind_name(info.kind);
   in.microbatch = info.microbatch;
+  in.chunk = info.chunk;
   in.freq_mhz = info.freq_mhz;
   in.start_s = info.start_s;
   in.end_s = info.end_s;
@@ -125,6 +127,24 @@ std::vector<Instruction> read_instructions(const kareus_plan* h) {
   return out;
 }
 
+/// A stage's order under the pipeline schedule, from the C API (the C++ Schedule).
+std::vector<std::tuple<std::string, int, int>> schedule_order(int stages, int chunks,
+                                                              int microbatches, int stage) {
+  int n = 0;
+  check(kareus_schedule_order(stages, chunks, microbatches, stage, nullptr, 0, &n));
+  std::vector<kareus_scheduled_instruction> order(static_cast<std::size_t>(n));
+  check(kareus_schedule_order(stages, chunks, microbatches, stage, order.data(), n, &n));
+  std::vector<std::tuple<std::string, int, int>> out;
+  for (const auto& x : order) out.emplace_back(kind_name(x.kind), x.chunk, x.microbatch);
+  return out;
+}
+
+std::string schedule_name(int stages, int chunks, int microbatches) {
+  const char* name = nullptr;
+  check(kareus_schedule_name(stages, chunks, microbatches, &name));
+  return name;
+}
+
 class Plan {
  public:
   Plan(std::string path, std::string workload)
@@ -132,12 +152,18 @@ class Plan {
     handles_[0] = open_plan(path_, workload_, 0);
     check(kareus_plan_num_stages(first(), &stages_));
     check(kareus_plan_num_ranks(first(), &ranks_));
+    check(kareus_plan_chunks(first(), &chunks_));
+    const char* name = nullptr;
+    check(kareus_plan_schedule_name(first(), &name));
+    schedule_ = name;
   }
 
   const std::string& path() const { return path_; }
   const std::string& workload_path() const { return workload_; }
   int num_stages() const { return stages_; }
   int num_ranks() const { return ranks_; }
+  int chunks() const { return chunks_; }
+  const std::string& schedule() const { return schedule_; }
 
   int stage_for_rank(int rank) const {
     int s = 0;
@@ -155,10 +181,23 @@ class Plan {
 
   std::vector<Instruction> instructions(int stage) { return read_instructions(handle(stage)); }
 
-  Instruction settings(int stage, const py::object& kind, int microbatch) {
+  Instruction settings(int stage, const py::object& kind, int microbatch,
+                       std::optional<int> chunk) {
     int index = 0;
-    check(kareus_plan_find_instruction(handle(stage), parse_kind(kind), microbatch, &index));
+    if (chunk) {
+      check(kareus_plan_find_instruction_chunk(handle(stage), parse_kind(kind), *chunk, microbatch,
+                                               &index));
+    } else {
+      check(kareus_plan_find_instruction(handle(stage), parse_kind(kind), microbatch, &index));
+    }
     return read_instruction(handle(stage), index);
+  }
+
+  /// (layers, model-wide index of the first layer) of chunk `chunk` of `stage`.
+  std::pair<int, int> chunk_layers(int stage, int chunk) const {
+    int layers = 0, first_layer = 0;
+    check(kareus_plan_chunk_layers(handle(stage), chunk, &layers, &first_layer));
+    return {layers, first_layer};
   }
 
   std::vector<int> clock_sequence(int stage, bool collapse) {
@@ -193,6 +232,7 @@ class Plan {
     d["micro_batches"] = w.micro_batches;
     d["nano_batches"] = w.nano_batches;
     d["recompute"] = w.recompute != 0;
+    d["virtual_pipeline"] = w.virtual_pipeline;
     std::vector<int> layers;
     for (int s = 0; s < stages_; ++s) {
       kareus_workload_shape ws;
@@ -217,8 +257,8 @@ class Plan {
     return it->second->h;
   }
 
-  std::string path_, workload_;
-  int stages_ = 0, ranks_ = 0;
+  std::string path_, workload_, schedule_;
+  int stages_ = 0, ranks_ = 0, chunks_ = 1;
   mutable std::map<int, std::shared_ptr<Handle>>
       handles_;  ///< by stage (0: rank 0's, also stage 0)
 };
@@ -299,16 +339,32 @@ class Hooks {
     }
   }
 
-  Instruction begin(const py::object& kind, int microbatch) {
+  /// Without `chunk`, the C API's chunk-less hooks (refused on an interleaved plan).
+  Instruction begin(const py::object& kind, int microbatch, std::optional<int> chunk) {
     const int k = parse_kind(kind);
-    check(kareus_instruction_begin(handle_->h, k, microbatch));
+    if (chunk) {
+      check(kareus_instruction_begin_chunk(handle_->h, k, *chunk, microbatch));
+    } else {
+      check(kareus_instruction_begin(handle_->h, k, microbatch));
+    }
     int index = 0, open = 0;
     check(kareus_plan_position(handle_->h, &index, &open));
     return read_instruction(handle_->h, index);
   }
 
-  void end(const py::object& kind, int microbatch) {
-    check(kareus_instruction_end(handle_->h, parse_kind(kind), microbatch));
+  void end(const py::object& kind, int microbatch, std::optional<int> chunk) {
+    const int k = parse_kind(kind);
+    if (chunk) {
+      check(kareus_instruction_end_chunk(handle_->h, k, *chunk, microbatch));
+    } else {
+      check(kareus_instruction_end(handle_->h, k, microbatch));
+    }
+  }
+
+  int chunks() const {
+    int c = 1;
+    check(kareus_plan_chunks(handle_->h, &c));
+    return c;
   }
 
   std::pair<int, bool> position() const {
@@ -361,7 +417,8 @@ PYBIND11_MODULE(_core, m) {
            py::handle())},
       {KAREUS_ERR_ORDER,
        sub("kareus.OrderError",
-           "An instruction hook called out of the plan's 1F1B order for the rank's stage.",
+           "An instruction hook called out of the plan's order (the pipeline schedule's) for "
+           "the rank's stage, or without its chunk on an interleaved plan.",
            py::handle())},
       {KAREUS_ERR_STATE,
        sub("kareus.StateError", "An object used in the wrong state (a stopped controller).",
@@ -388,6 +445,16 @@ PYBIND11_MODULE(_core, m) {
   m.attr("BACKWARD") = static_cast<int>(KAREUS_BACKWARD);
   m.attr("PLAN_FORMAT_VERSION") = kareus_plan_format_version();
   m.attr("__version__") = kareus_version();
+
+  m.def("schedule_order", &schedule_order, py::arg("stages"), py::arg("chunks"),
+        py::arg("microbatches"), py::arg("stage"),
+        "Stage `stage`'s instructions in execution order as (kind, chunk, microbatch) tuples, "
+        "from Kareus's pipeline schedule (the planner's and the plan checks'): synchronous 1F1B "
+        "for chunks == 1, else interleaved 1F1B (Megatron-LM's virtual pipeline stages; chunk c "
+        "of stage s is virtual stage c * stages + s). InvalidInputError for a shape the "
+        "schedule does not allow.");
+  m.def("schedule_name", &schedule_name, py::arg("stages"), py::arg("chunks"),
+        py::arg("microbatches"), "'1f1b' or 'interleaved-1f1b'.");
 
   py::class_<MixEntry>(m, "MixEntry",
                        "One per-layer choice of a partition: instances [first_instance, "
@@ -423,12 +490,14 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<Instruction>(m, "Instruction",
                           "One pipeline instruction of a stage: kind ('forward' or 'backward'), "
-                          "micro-batch, SM clock (MHz), predicted start/end and run time (s), "
+                          "micro-batch, model chunk of the stage, SM clock (MHz), predicted "
+                          "start/end and run time (s), "
                           "its partitions by key, and whether it runs sequentially (the whole "
                           "micro-batch, no nano-batches, no partitions).")
       .def_readonly("index", &Instruction::index)
       .def_readonly("kind", &Instruction::kind)
       .def_readonly("microbatch", &Instruction::microbatch)
+      .def_readonly("chunk", &Instruction::chunk)
       .def_readonly("freq_mhz", &Instruction::freq_mhz)
       .def_readonly("start_s", &Instruction::start_s)
       .def_readonly("end_s", &Instruction::end_s)
@@ -436,8 +505,8 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("sequential", &Instruction::sequential)
       .def_readonly("partitions", &Instruction::partitions)
       .def("__repr__", [](const Instruction& in) {
-        return py::str("Instruction({} mb={} freq_mhz={} partitions={})")
-            .format(in.kind, in.microbatch, in.freq_mhz, in.partitions.size());
+        return py::str("Instruction({} mb={} chunk={} freq_mhz={} partitions={})")
+            .format(in.kind, in.microbatch, in.chunk, in.freq_mhz, in.partitions.size());
       });
 
   py::class_<Plan>(m, "Plan",
@@ -453,15 +522,25 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("workload_path", &Plan::workload_path)
       .def_property_readonly("num_stages", &Plan::num_stages)
       .def_property_readonly("num_ranks", &Plan::num_ranks)
+      .def_property_readonly("chunks", &Plan::chunks,
+                             "Model chunks per stage (parallel.virtual_pipeline); 1: synchronous "
+                             "1F1B.")
+      .def_property_readonly("schedule", &Plan::schedule,
+                             "The pipeline schedule: '1f1b' or 'interleaved-1f1b'.")
       .def_property_readonly("workload", &Plan::workload,
                              "The workload's shape (model, parallelism, batch) as a dict.")
       .def("stage_for_rank", &Plan::stage_for_rank, py::arg("rank"),
            "Pipeline stage of a global rank (Megatron-LM's default order tp-cp-dp-pp).")
       .def("ranks_of_stage", &Plan::ranks_of_stage, py::arg("stage"))
       .def("instructions", &Plan::instructions, py::arg("stage"),
-           "The stage's instructions in 1F1B execution order.")
+           "The stage's instructions in the schedule's execution order.")
       .def("settings", &Plan::settings, py::arg("stage"), py::arg("kind"), py::arg("microbatch"),
-           "The Instruction (kind, micro-batch) of a stage.")
+           py::arg("chunk") = py::none(),
+           "The Instruction (kind, chunk, micro-batch) of a stage; without chunk, refused "
+           "(OrderError) on an interleaved plan.")
+      .def("chunk_layers", &Plan::chunk_layers, py::arg("stage"), py::arg("chunk"),
+           "(layers, model-wide index of the first layer) of model chunk `chunk` of `stage` "
+           "(virtual stage chunk * num_stages + stage).")
       .def("clock_sequence", &Plan::clock_sequence, py::arg("stage"), py::arg("collapse") = true,
            "The stage's SM clocks in execution order (MHz); collapse=True merges repeats, which "
            "is what a controller applies.");
@@ -522,14 +601,18 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<Hooks>(m, "Hooks",
                     "The instruction hooks of one rank: call on_instruction_begin(kind, "
-                    "microbatch) right before an instruction's compute and "
-                    "on_instruction_end(kind, microbatch) right after it. Begin checks the "
-                    "plan's 1F1B order (OrderError otherwise), sends the clock to the controller "
-                    "if one is given, and returns the Instruction's settings.")
+                    "microbatch, chunk) right before an instruction's compute and "
+                    "on_instruction_end(kind, microbatch, chunk) right after it. Begin checks "
+                    "the plan's order (its schedule's; OrderError otherwise), sends the clock to "
+                    "the controller if one is given, and returns the Instruction's settings. "
+                    "Without chunk the hooks name chunk 0 and refuse an interleaved plan.")
       .def(py::init<py::object, int, py::object>(), py::arg("plan"), py::arg("rank"),
            py::arg("controller") = py::none())
-      .def("on_instruction_begin", &Hooks::begin, py::arg("kind"), py::arg("microbatch"))
-      .def("on_instruction_end", &Hooks::end, py::arg("kind"), py::arg("microbatch"))
+      .def("on_instruction_begin", &Hooks::begin, py::arg("kind"), py::arg("microbatch"),
+           py::arg("chunk") = py::none())
+      .def("on_instruction_end", &Hooks::end, py::arg("kind"), py::arg("microbatch"),
+           py::arg("chunk") = py::none())
+      .def_property_readonly("chunks", &Hooks::chunks)
       .def_property_readonly("position", &Hooks::position,
                              "(index of the next or open instruction, whether it is open)")
       .def("reset", &Hooks::reset, "Starts the order again at the first instruction.")

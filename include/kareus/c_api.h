@@ -2,11 +2,20 @@
  *
  * A training process opens the plan for its global rank (the plan maps ranks to pipeline
  * stages), optionally starts a frequency controller for its GPU and attaches it, and calls
- * kareus_instruction_begin / kareus_instruction_end around every pipeline instruction. Begin
- * checks that the call follows the plan's 1F1B order for the stage and sends the instruction's SM
- * clock to the controller (which applies it asynchronously, only when it changes); the
- * instruction's partition settings (SM count and launch slot of each collective) are read with
- * the query functions and applied by the framework (e.g. kareus.torch).
+ * kareus_instruction_begin_chunk / kareus_instruction_end_chunk around every pipeline
+ * instruction. Begin checks that the call follows the stage's order in the plan (the pipeline
+ * schedule's: synchronous 1F1B, or interleaved 1F1B when the stage holds several model chunks)
+ * and sends the instruction's SM clock to the controller (which applies it asynchronously, only
+ * when it changes); the instruction's partition settings (SM count and launch slot of each
+ * collective) are read with the query functions and applied by the framework (e.g.
+ * kareus.torch).
+ *
+ * Instructions are named by (kind, chunk, microbatch): the forward or backward pass of one
+ * micro-batch through one model chunk of the stage. Chunk c of stage s is virtual stage
+ * c * pp + s (include/kareus/schedule.h). A plan with one chunk per stage (synchronous 1F1B)
+ * has only chunk 0, and the functions without `_chunk` (kareus_instruction_begin, ...) are
+ * their chunk-0 forms; on an interleaved plan (kareus_plan_chunks > 1) (kind, microbatch) names
+ * several instructions and those forms fail with KAREUS_ERR_ORDER, naming the _chunk function.
  *
  * Conventions (XGBoost's C API style):
  *  - Every function that can fail returns an int status, KAREUS_OK (0) on success. On failure
@@ -18,6 +27,7 @@
  *  - Strings returned through out-parameters (partition keys, slot names) are owned by the plan
  *    handle and valid until kareus_plan_close.
  *  - Kinds are KAREUS_FORWARD (0) and KAREUS_BACKWARD (1). Clocks are in MHz.
+ *  - Structs may grow at their end in later versions; zero-initialise them.
  */
 #ifndef KAREUS_C_API_H_
 #define KAREUS_C_API_H_
@@ -34,7 +44,8 @@ enum {
   KAREUS_ERR_ARGUMENT = 1,      /* null pointer, index out of range, unknown kind */
   KAREUS_ERR_INVALID_INPUT = 2, /* bad plan or workload file, plan of another workload */
   KAREUS_ERR_NOT_SUPPORTED = 3, /* feature unavailable in this build or on this machine */
-  KAREUS_ERR_ORDER = 4,         /* instruction call out of the plan's order */
+  KAREUS_ERR_ORDER = 4,         /* instruction call out of the plan's order, or without its
+                                   chunk on an interleaved plan */
   KAREUS_ERR_STATE = 5,         /* e.g. using a stopped controller */
   KAREUS_ERR_INTERNAL = 6       /* a bug or an unexpected system failure */
 };
@@ -71,6 +82,14 @@ int kareus_plan_stage_of_rank(const kareus_plan* plan, int global_rank, int* sta
  * NULL when capacity is 0) and the full count to `*count`. */
 int kareus_plan_stage_ranks(const kareus_plan* plan, int stage, int* ranks, int capacity,
                             int* count);
+/* Model chunks per stage (the workload's parallel.virtual_pipeline): 1 for synchronous 1F1B,
+ * more for interleaved 1F1B. */
+int kareus_plan_chunks(const kareus_plan* plan, int* chunks);
+/* Name of the plan's pipeline schedule: "1f1b" or "interleaved-1f1b" (static storage). */
+int kareus_plan_schedule_name(const kareus_plan* plan, const char** name);
+/* Layers of model chunk `chunk` of this handle's stage (virtual stage chunk * pp + stage) and
+ * the model-wide index of its first layer (0-based); either out-parameter may be NULL. */
+int kareus_plan_chunk_layers(const kareus_plan* plan, int chunk, int* layers, int* first_layer);
 
 /* Shape of the workload the plan was validated against (so a job can check its model). */
 typedef struct kareus_workload_shape {
@@ -78,12 +97,13 @@ typedef struct kareus_workload_shape {
   int qk_norm, tied_embeddings;
   int tp, cp, pp, dp, sequence_parallel;
   int micro_batch, seq_len, micro_batches, nano_batches;
-  int recompute;    /* 1: full recompute */
-  int stage_layers; /* layers of this handle's stage */
+  int recompute;        /* 1: full recompute */
+  int stage_layers;     /* layers of this handle's stage, all its chunks together */
+  int virtual_pipeline; /* model chunks per stage (kareus_plan_chunks) */
 } kareus_workload_shape;
 int kareus_plan_workload_shape(const kareus_plan* plan, kareus_workload_shape* out);
 
-/* The rank's stage's instructions, in 1F1B execution order. */
+/* The rank's stage's instructions, in the execution order of the plan's schedule. */
 int kareus_plan_instruction_count(const kareus_plan* plan, int* count);
 typedef struct kareus_instruction_info {
   int kind; /* KAREUS_FORWARD or KAREUS_BACKWARD */
@@ -92,9 +112,14 @@ typedef struct kareus_instruction_info {
   int partition_count;
   double start_s, end_s; /* predicted, seconds from the iteration start */
   double time_s;         /* predicted run time on one GPU */
+  int chunk;             /* model chunk of the stage (0 unless interleaved) */
 } kareus_instruction_info;
 int kareus_plan_instruction(const kareus_plan* plan, int index, kareus_instruction_info* out);
-/* Index of the instruction (kind, microbatch) on the rank's stage. */
+/* Index of the instruction (kind, chunk, microbatch) on the rank's stage (KAREUS_ERR_ARGUMENT
+ * when the stage has none). */
+int kareus_plan_find_instruction_chunk(const kareus_plan* plan, int kind, int chunk, int microbatch,
+                                       int* index);
+/* Chunk-0 form; KAREUS_ERR_ORDER on an interleaved plan, where (kind, microbatch) is ambiguous. */
 int kareus_plan_find_instruction(const kareus_plan* plan, int kind, int microbatch, int* index);
 /* 1 when the instruction runs its micro-batch whole, kernels in sequence (no nano-batches and
    partition_count 0; every instruction of a sequential plan, and those of an overlapped Kareus
@@ -124,6 +149,23 @@ typedef struct kareus_mix_info {
 } kareus_mix_info;
 int kareus_plan_partition_mix(const kareus_plan* plan, int instruction, int partition, int entry,
                               kareus_mix_info* out);
+
+/* ---- Pipeline schedules (the same implementation the planner and the plan checks use). */
+typedef struct kareus_scheduled_instruction {
+  int kind; /* KAREUS_FORWARD or KAREUS_BACKWARD */
+  int chunk;
+  int microbatch;
+} kareus_scheduled_instruction;
+/* Stage `stage`'s instructions in execution order under the schedule of `stages` pipeline
+ * stages, `chunks` model chunks per stage (1: synchronous 1F1B, more: interleaved 1F1B, which
+ * needs stages >= 2 and microbatches a multiple of stages) and `microbatches` micro-batches:
+ * writes min(count, capacity) of them to `out` (may be NULL when capacity is 0) and the full
+ * count, 2 * chunks * microbatches, to `*count`. KAREUS_ERR_INVALID_INPUT for a shape the
+ * schedule does not allow, KAREUS_ERR_ARGUMENT for a stage out of range. */
+int kareus_schedule_order(int stages, int chunks, int microbatches, int stage,
+                          kareus_scheduled_instruction* out, int capacity, int* count);
+/* Name of that schedule: "1f1b" or "interleaved-1f1b" (static storage). */
+int kareus_schedule_name(int stages, int chunks, int microbatches, const char** name);
 
 /* ---- Frequency controller: one process (kareus-freqd) per GPU, child of the caller. */
 typedef struct kareus_controller_options {
@@ -160,13 +202,20 @@ void kareus_controller_free(kareus_controller* controller);
 /* Attaches a controller to the plan (NULL detaches). Not owned: it must outlive the attachment. */
 int kareus_plan_attach_controller(kareus_plan* plan, kareus_controller* controller);
 /* Call right before the instruction's compute. Fails with KAREUS_ERR_ORDER, changing nothing,
- * unless (kind, microbatch) is the next instruction of the stage in plan order and no instruction
- * is open. Sends the instruction's clock to the attached controller. After the last instruction
- * of an iteration the order starts again at the first. If the controller has died, the hook
- * prints one warning on stderr, detaches it and succeeds: training goes on at default clocks
- * (only the energy saving is lost). A controller stopped by the caller is KAREUS_ERR_STATE. */
+ * unless (kind, chunk, microbatch) is the next instruction of the stage in the plan's order (the
+ * schedule's) and no instruction is open; the message names the schedule and the expected
+ * (kind, chunk, microbatch). Sends the instruction's clock to the attached controller. After the
+ * last instruction of an iteration the order starts again at the first. If the controller has
+ * died, the hook prints one warning on stderr, detaches it and succeeds: training goes on at
+ * default clocks (only the energy saving is lost). A controller stopped by the caller is
+ * KAREUS_ERR_STATE. */
+int kareus_instruction_begin_chunk(kareus_plan* plan, int kind, int chunk, int microbatch);
+/* Call right after the instruction's compute; (kind, chunk, microbatch) must be the open
+ * instruction. */
+int kareus_instruction_end_chunk(kareus_plan* plan, int kind, int chunk, int microbatch);
+/* Chunk-0 forms of the two hooks; KAREUS_ERR_ORDER on an interleaved plan (naming the _chunk
+ * function), where (kind, microbatch) is ambiguous. */
 int kareus_instruction_begin(kareus_plan* plan, int kind, int microbatch);
-/* Call right after the instruction's compute; (kind, microbatch) must be the open instruction. */
 int kareus_instruction_end(kareus_plan* plan, int kind, int microbatch);
 /* Where the hooks stand: index of the next (or open) instruction and whether it is open. */
 int kareus_plan_position(const kareus_plan* plan, int* next_index, int* open);

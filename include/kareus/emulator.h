@@ -176,6 +176,12 @@ struct InstructionCost {
   double dynamic_energy_j = 0;
 };
 
+/// What a chunk's last backward costs on top of its own time when the chunk's data-parallel
+/// gradient reduce-scatter overlaps it (DpGradOverlap), at the maximum clock with NCCL's
+/// default CTAs: the slowdown and the part of the collective that ends after the compute, plus
+/// the last bucket's collective.
+SimResult dp_grad_increment(const EmulatorModel& m, const DpGradOverlap& o);
+
 InstructionCost emulate_instruction(const PartitionSet& ps, const EmulatorModel& m,
                                     ExecutionMode mode, int stage, InstructionKind kind,
                                     const InstructionSettings& s);

@@ -22,8 +22,11 @@ struct DagOption {
 
 /// What a DAG node stands for: a pipeline instruction, a message between stages or a
 /// once-per-iteration reduction.
-enum class DagNodeKind { kForward, kBackward, kP2p, kIteration };
-const char* to_string(DagNodeKind k);  ///< "forward", "backward", "p2p", "iteration"
+/// kDataParallel: a data-parallel collective that overlaps the pipeline (the gradient
+/// reduction's cost on top of a chunk's last backward, or a parameter all-gather).
+enum class DagNodeKind { kForward, kBackward, kP2p, kIteration, kDataParallel };
+/// "forward", "backward", "p2p", "iteration", "dp"
+const char* to_string(DagNodeKind k);
 DagNodeKind dag_node_kind(InstructionKind k);
 
 struct DagNode {

@@ -30,7 +30,7 @@
 namespace kareus {
 
 inline constexpr const char* kFrontierFormat = "kareus-frontier";
-inline constexpr int kFrontierVersion = 3;
+inline constexpr int kFrontierVersion = 4;
 
 /// A point of one method's frontier.
 struct FrontierRef {

@@ -81,12 +81,29 @@ struct InstructionGraph {
   std::vector<Kernel> epilogue;  ///< whole micro-batch, after the layer stack
 };
 
+/// Data-parallel communication of one model chunk under a distributed optimizer (ZeRO-1, as
+/// Megatron-LM's --use-distributed-optimizer): the gradients are reduce-scattered in fp32 and
+/// the updated bf16 parameters all-gathered, in buckets of `bucket_params` parameters.
+struct DpComm {
+  Kernel grad_reduce_scatter;  ///< the chunk's whole gradient buffer
+  Kernel param_all_gather;     ///< the chunk's whole parameter buffer
+  double params = 0;           ///< parameters of the chunk on one GPU
+  double bucket_params = 0;    ///< Megatron-LM's bucket size
+  /// With overlap (Workload ParallelConfig::overlap_dp_comm) the reduce-scatter of each bucket
+  /// runs under the rest of the chunk's last backward and the all-gather ahead of its first
+  /// forward; without, both run after the stage's last instruction (in per_iteration).
+  bool overlapped = true;
+};
+
 struct StageGraph {
   int stage = 0;
   int layers = 0;
   InstructionGraph forward;
   InstructionGraph backward;
-  std::vector<Kernel> per_iteration;  ///< once per iteration: DP and tied-embedding reductions
+  std::optional<DpComm> dp;  ///< with parallel.dp > 1
+  /// Once per iteration, after the stage's last instruction: tied-embedding reductions, and
+  /// the DP collectives when they do not overlap.
+  std::vector<Kernel> per_iteration;
 };
 
 struct KernelGraph {

@@ -63,12 +63,33 @@ struct InstructionSteps {
   std::vector<Step> steps;
 };
 
+/// A chunk's data-parallel gradient reduce-scatter under its last backward (KernelGraph DpComm):
+/// the bucket of the last layers is ready first, so the collective of every bucket but the
+/// last runs under the rest of the backward, launched where the first bucket's gradients are
+/// complete; the last bucket (the chunk's first layers) runs after the backward. The backward
+/// then costs its own time plus increment = overlapped - compute + exposed, each measured
+/// like any partition or segment.
+struct DpGradOverlap {
+  int stage = 0;  ///< virtual stage
+  /// The backward's compute kernels for one micro-batch (collectives left out) with the
+  /// overlapped buckets' reduce-scatter; no_overlap when the chunk's gradients fit one bucket.
+  Partition overlapped;
+  bool no_overlap = false;
+  Segment compute;  ///< the same compute kernels alone
+  Segment exposed;  ///< the last bucket's reduce-scatter
+};
+
 struct PartitionSet {
   KernelGraph graph;
   std::vector<Partition> partitions;  ///< distinct partitions, in first-seen order
   std::vector<Segment> segments;
   std::vector<InstructionSteps> instructions;  ///< stage-major: (0,fwd), (0,bwd), (1,fwd), ...
   std::vector<int> iteration_segments;         ///< per-iteration segments (DP, tied embedding)
+  /// With overlapped data-parallel communication, per virtual stage: the gradient
+  /// reduce-scatter under the chunk's last backward, and the parameter all-gather, which runs
+  /// on the DP stream from the iteration start and must end before the chunk's first forward.
+  std::vector<DpGradOverlap> dp_grad_overlaps;
+  std::vector<Segment> dp_param_gathers;
 
   const Partition& partition(const std::string& key) const;  ///< throws InvalidInput
   const InstructionSteps& instruction(int stage, InstructionKind kind) const;

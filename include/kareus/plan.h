@@ -103,12 +103,24 @@ struct PlanInstruction {
   InstructionSettings settings() const;
 };
 
+/// When a data-parallel collective runs on the stage's communication stream (predicted, s from
+/// the iteration start): a chunk's gradient reduce-scatter from its last backward's start to
+/// the end of the part that outlasts it, or its parameter all-gather.
+struct PlanDpCollective {
+  std::string collective;  ///< "grad_reducescatter" or "param_allgather"
+  int chunk = 0;
+  double start_s = 0;
+  double end_s = 0;
+  bool operator==(const PlanDpCollective&) const = default;
+};
+
 struct PlanStage {
   int stage = 0;
   std::vector<int> ranks;  ///< global ranks forming this stage (RankLayout::stage_ranks)
   int clock_changes = 0;   ///< consecutive instructions with different clocks
   double end_s = 0;        ///< predicted end of the stage's work, reductions included
-  std::vector<PlanInstruction> instructions;  ///< in the schedule's execution order
+  std::vector<PlanInstruction> instructions;     ///< in the schedule's execution order
+  std::vector<PlanDpCollective> dp_collectives;  ///< with overlapped data-parallel communication
 
   /// The clock sequence, run-length compressed: (freq_mhz, consecutive instructions).
   std::vector<std::pair<int, int>> clock_runs() const;

@@ -96,6 +96,9 @@ struct MethodFrontier {
   std::vector<int> node_table;
   SegmentRun p2p;                      ///< one message between neighbouring stages
   std::vector<SegmentRun> reductions;  ///< PartitionSet::iteration_segments, in that order
+  /// PartitionSet::dp_grad_overlaps (the increment, dp_grad_increment) and dp_param_gathers,
+  /// in that order.
+  std::vector<SegmentRun> dp_grad, dp_gather;
   /// Points re-evaluated with clock-switch stalls after hold_clocks; Pareto set, fastest first.
   std::vector<FrontierPoint> points;
   /// The solver's points before that (clock changes free), for comparison.
@@ -108,8 +111,9 @@ struct MethodFrontier {
   const std::vector<InstructionOption>& node_options(std::size_t node) const;
 };
 
-/// Builds f.dag and f.node_table from f.tables, f.p2p and f.reductions on the workload's 1F1B
-/// schedule (f.dag.static_power_w and f.dag.gpus are kept). The DAG is a pure function of these
+/// Builds f.dag and f.node_table from f.tables, f.p2p, f.reductions, f.dp_grad and f.dp_gather
+/// on the workload's schedule (Workload::schedule; f.dag.static_power_w and f.dag.gpus are
+/// kept). The DAG is a pure function of these
 /// inputs, so a frontier stored as options and choices rebuilds the same DAG.
 void build_iteration_dag(const Workload& w, const PartitionSet& ps, MethodFrontier& f);
 

@@ -39,6 +39,10 @@ struct ParallelConfig {
   /// Model chunks per pipeline stage (Megatron-LM's virtual pipeline stages): 1 is synchronous
   /// 1F1B, more is interleaved 1F1B (include/kareus/schedule.h).
   int virtual_pipeline = 1;
+  /// Data-parallel gradient reduce-scatter and parameter all-gather overlap the backward and
+  /// the forward (Megatron-LM's --overlap-grad-reduce and --overlap-param-gather); false runs
+  /// them after the stage's last instruction.
+  bool overlap_dp_comm = true;
   /// Layers per virtual stage (chunk c of stage s is virtual stage c * pp + s, so without
   /// interleaving one entry per stage); sums to ModelConfig::layers.
   std::vector<int> stage_layers;

@@ -12,6 +12,9 @@ Classes: :class:`Plan`, :class:`Instruction`, :class:`Partition`, :class:`MixEnt
 :class:`Controller`, :class:`Hooks`; errors derive from :class:`Error`
 (:class:`InvalidInputError`, :class:`ArgumentError`, :class:`OrderError`, :class:`StateError`,
 :class:`NotSupportedError`, :class:`InternalError`) and carry the library's message.
+:func:`schedule_order` gives a stage's instruction order, (kind, chunk, microbatch) tuples, from
+the C++ pipeline schedule (synchronous or interleaved 1F1B); instructions are named by
+(kind, chunk, microbatch), and the hooks take ``chunk=`` on an interleaved plan.
 ``kareus.torch`` holds the PyTorch side (hooks object for a schedule, nano-batched TP layers).
 See docs/runtime.md.
 """
@@ -34,10 +37,13 @@ from ._core import (  # noqa: F401
     Plan,
     StateError,
     __version__,
+    schedule_name,
+    schedule_order,
 )
 
 __all__ = [
     "BACKWARD", "FORWARD", "PLAN_FORMAT_VERSION", "ArgumentError", "Controller", "Error", "Hooks",
     "Instruction", "InternalError", "InvalidInputError", "MixEntry", "NotSupportedError",
-    "OrderError", "Partition", "Plan", "StateError", "__version__",
+    "OrderError", "Partition", "Plan", "StateError", "__version__", "schedule_name",
+    "schedule_order",
 ]

@@ -43,7 +43,6 @@ __all__ = [
     "NanoBatchedStack",
     "copy_to_tp",
     "reduce_from_tp",
-    "one_f_one_b_order",
     "BLOCK_SLOTS",
     "local_gpu_pci_bus_id",
 ]
@@ -131,29 +130,6 @@ BLOCK_SLOTS: Dict[str, Dict[str, int]] = {
 }
 
 
-def one_f_one_b_order(stage: int, stages: int, microbatches: int) -> List[Tuple[str, int]]:
-    """(kind, micro-batch) of every instruction of ``stage`` under synchronous 1F1B.
-
-    ``stages - stage - 1`` warm-up forwards, then one forward and one backward alternately, then
-    the remaining backwards (Narayanan et al., SC '21); the same order as Kareus's planner.
-    """
-    order: List[Tuple[str, int]] = []
-    warmup = min(stages - stage - 1, microbatches)
-    f = b = 0
-    for _ in range(warmup):
-        order.append(("forward", f))
-        f += 1
-    while f < microbatches:
-        order.append(("forward", f))
-        f += 1
-        order.append(("backward", b))
-        b += 1
-    while b < microbatches:
-        order.append(("backward", b))
-        b += 1
-    return order
-
-
 # ---------------------------------------------------------------------------------------------
 # Settings of one instruction.
 
@@ -183,6 +159,8 @@ class InstructionSettings:
     #: The instruction runs its micro-batch whole, collectives in line (no nano-batches): the
     #: plan chose Perseus's execution for it, where overlap does not pay.
     sequential: bool = False
+    #: Model chunk of the stage the instruction runs (interleaved schedules; 0 otherwise).
+    chunk: int = 0
 
     @staticmethod
     def from_plan(instruction: Any) -> "InstructionSettings":
@@ -196,7 +174,8 @@ class InstructionSettings:
                               for s in p.mix]
         return InstructionSettings(str(instruction.kind), int(instruction.microbatch),
                                    int(instruction.freq_mhz), parts, mixes,
-                                   bool(getattr(instruction, "sequential", False)))
+                                   bool(getattr(instruction, "sequential", False)),
+                                   int(getattr(instruction, "chunk", 0)))
 
 
 class _Cursor:
@@ -222,8 +201,8 @@ class _Cursor:
             return mix[-1][0]
         if key not in s.partitions:
             raise ValueError(
-                f"kareus.torch: the plan's {s.kind} instruction of micro-batch {s.microbatch} has "
-                f"no setting for partition '{key}'; it has: {', '.join(sorted(s.partitions))}")
+                f"kareus.torch: the plan's {s.kind} instruction of micro-batch {s.microbatch} "
+                f"(chunk {s.chunk}) has no setting for partition '{key}'; it has: {', '.join(sorted(s.partitions))}")
         return s.partitions[key]
 
 
@@ -239,6 +218,10 @@ class PipelineHooks:
     ``plan`` is a ``kareus.Plan``; ``controller`` an optional started ``kareus.Controller``.
     Without ``plan`` (``PipelineHooks(None, rank)``) the hooks only track the open instruction,
     which lets the same schedule run a plain nano-batched baseline.
+
+    Instructions are named by (kind, chunk, micro-batch). On an interleaved plan (``chunks`` >
+    1) each hook needs ``chunk``; without it the hooks name chunk 0 and the plan refuses them
+    (``kareus.OrderError``) where that is ambiguous. :attr:`order` is the stage's order.
     """
 
     def __init__(self, plan: Any, rank: int, controller: Any = None):
@@ -249,32 +232,46 @@ class PipelineHooks:
 
             self._hooks = kareus.Hooks(plan, rank, controller)
         self.current: Optional[InstructionSettings] = None
-        self._open: Optional[Tuple[str, int]] = None
+        self._open: Optional[Tuple[str, int, int]] = None
 
     @property
     def stage(self) -> Optional[int]:
         return None if self._hooks is None else self._hooks.stage
 
-    def on_instruction_begin(self, kind: str, microbatch: int) -> Optional[InstructionSettings]:
+    @property
+    def chunks(self) -> int:
+        """Model chunks per stage in the plan (1 without a plan)."""
+        return 1 if self._hooks is None else self._hooks.chunks
+
+    @property
+    def order(self) -> Optional[List[Tuple[str, int, int]]]:
+        """The stage's instructions as (kind, chunk, micro-batch), in the plan's order (the
+        schedule's); None without a plan (use ``kareus.schedule_order``)."""
+        if self._hooks is None:
+            return None
+        return [(i.kind, i.chunk, i.microbatch) for i in self._hooks.instructions]
+
+    def on_instruction_begin(self, kind: str, microbatch: int,
+                             chunk: Optional[int] = None) -> Optional[InstructionSettings]:
         """Call right before the instruction's compute; returns its settings (None: no plan)."""
         if self._hooks is not None:
             self.current = InstructionSettings.from_plan(
-                self._hooks.on_instruction_begin(kind, microbatch))
+                self._hooks.on_instruction_begin(kind, microbatch, chunk))
         else:
             self.current = None
-        self._open = (kind, microbatch)
+        self._open = (kind, 0 if chunk is None else chunk, microbatch)
         return self.current
 
-    def on_instruction_end(self, kind: str, microbatch: int) -> None:
+    def on_instruction_end(self, kind: str, microbatch: int, chunk: Optional[int] = None) -> None:
         """Call right after the instruction's compute (before its send to the next stage)."""
         if self._hooks is not None:
-            self._hooks.on_instruction_end(kind, microbatch)
+            self._hooks.on_instruction_end(kind, microbatch, chunk)
         self._open = None
         self.current = None
 
     @property
-    def open_instruction(self) -> Optional[Tuple[str, int]]:
-        """(kind, micro-batch) between begin and end, else None."""
+    def open_instruction(self) -> Optional[Tuple[str, int, int]]:
+        """(kind, chunk, micro-batch) between begin and end, else None."""
         return self._open
 
 
@@ -816,8 +813,9 @@ class _NanoStackFunction(torch.autograd.Function):
         if settings is not None and ctx.microbatch is not None and \
                 settings.microbatch != ctx.microbatch:
             raise RuntimeError(
-                f"kareus.torch: the backward of micro-batch {ctx.microbatch} ran while the hooks' "
-                f"open instruction is backward of micro-batch {settings.microbatch}")
+                f"kareus.torch: the backward of micro-batch {ctx.microbatch} (chunk "
+                f"{stack.chunk}) ran while the hooks' open instruction is backward of micro-batch "
+                f"{settings.microbatch} (chunk {settings.chunk})")
         weights = ctx.saved_tensors
         grads: List[Optional[torch.Tensor]] = [None] * len(weights)
         b = _Builder(stack.layers, weights, grads)
@@ -867,6 +865,10 @@ class NanoBatchedStack(nn.Module):
     ``group_for_sms(sms)`` returns the process group a collective with that SM count uses
     (``sms`` is None where the plan gives none); by default the layers' TP group.
     ``trace``: a list that receives a :class:`TraceEvent` per collective, or None.
+    ``chunk``: the model chunk of the stage these layers are (interleaved schedules: a stage
+    holds one stack per chunk, ``Plan.chunk_layers(stage, chunk)`` gives its layers, and the
+    schedule runs stack ``c`` for an instruction of chunk ``c``); running it while the open
+    instruction is another chunk's raises.
 
     The micro-batch (dimension 0 of the input) must be even. Not thread-safe.
     """
@@ -874,18 +876,19 @@ class NanoBatchedStack(nn.Module):
     def __init__(self, layers: Sequence[TPTransformerLayer], hooks: Any = None,
                  recompute: bool = True, group_for_sms: Optional[Callable[[Optional[int]],
                                                                           Any]] = None,
-                 trace: Optional[List[TraceEvent]] = None):
+                 trace: Optional[List[TraceEvent]] = None, chunk: int = 0):
         super().__init__()
         self.layers = nn.ModuleList(layers)
-        self.hooks, self.recompute, self.trace = hooks, recompute, trace
+        self.hooks, self.recompute, self.trace, self.chunk = hooks, recompute, trace, chunk
         group = layers[0].group if layers else None
         self.group_for_sms = group_for_sms or (lambda sms: group)
 
     def _settings_for(self, kind: str) -> Optional[InstructionSettings]:
         s = None if self.hooks is None else getattr(self.hooks, "current", None)
-        if s is not None and s.kind != kind:
-            raise RuntimeError(f"kareus.torch: the layer stack ran its {kind} while the hooks' "
-                               f"open instruction is {s.kind} of micro-batch {s.microbatch}")
+        if s is not None and (s.kind != kind or s.chunk != self.chunk):
+            raise RuntimeError(f"kareus.torch: the layer stack of chunk {self.chunk} ran its "
+                               f"{kind} while the hooks' open instruction is {s.kind} of "
+                               f"micro-batch {s.microbatch} (chunk {s.chunk})")
         return s
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -82,6 +82,17 @@ InstructionCost emulate_instruction(const PartitionSet& ps, const EmulatorModel&
   return cost;
 }
 
+SimResult dp_grad_increment(const EmulatorModel& m, const DpGradOverlap& o) {
+  const int fmax = m.gpu().p2p_reduction_freq_mhz(), sms = m.gpu().segment_collective_sms();
+  SimResult inc = m.simulate_sequence(o.exposed.kernels, fmax, sms);
+  if (o.no_overlap) return inc;
+  const SimResult with = m.simulate_partition(o.overlapped, {fmax, sms, "first_bucket"});
+  const SimResult alone = m.simulate_sequence(o.compute.kernels, fmax, sms);
+  inc.time_s += std::max(0.0, with.time_s - alone.time_s);
+  inc.dynamic_energy_j += std::max(0.0, with.dynamic_energy_j - alone.dynamic_energy_j);
+  return inc;
+}
+
 namespace {
 
 // Instruction costs, memoized per distinct settings: a pipeline repeats the same few
@@ -124,6 +135,17 @@ class CostMemo {
   std::map<std::string, InstructionCost> memo_;
 };
 
+// Data-parallel communication that overlaps the pipeline (PartitionSet::dp_grad_overlaps and
+// dp_param_gathers), costed at the settings the planner assumes for it: the maximum clock and
+// NCCL's default CTAs. By virtual stage: what a chunk's last backward costs on top of its own
+// time, and when the chunk's parameters have arrived for its first forward.
+struct DpCosts {
+  std::vector<InstructionCost> grad_increment;
+  std::vector<double> params_ready_s;
+  std::vector<double> gather_energy_j;  ///< dynamic, per GPU, on the chunk's stage
+  bool empty() const { return grad_increment.empty() && params_ready_s.empty(); }
+};
+
 // One stage's progress through its order (Schedule::order).
 struct StageState {
   const std::vector<ScheduledInstruction>* order = nullptr;
@@ -137,8 +159,10 @@ struct StageState {
 // have arrived.
 class Replay {
  public:
-  Replay(const Schedule& sched, double p2p_t, double p2p_e, double clock_switch_s)
+  Replay(const Schedule& sched, double p2p_t, double p2p_e, double clock_switch_s,
+         const DpCosts& dp)
       : sched_(sched),
+        dp_(dp),
         stages_(static_cast<std::size_t>(sched.stages())),
         end_(2 * static_cast<std::size_t>(sched.virtual_stages() * sched.microbatches()), -1),
         p2p_t_(p2p_t),
@@ -146,6 +170,13 @@ class Replay {
         clock_switch_s_(clock_switch_s) {
     for (int s = 0; s < sched.stages(); ++s) {
       stages_[static_cast<std::size_t>(s)].order = &sched.order(s);
+      // The position of each chunk's first forward and last backward on its stage.
+      const auto& o = sched.order(s);
+      for (std::size_t i = 0; i < o.size(); ++i) {
+        const int vs = sched.virtual_stage(s, o[i].chunk);
+        if (o[i].kind == InstructionKind::kForward && !first_fwd_.count(vs)) first_fwd_[vs] = i;
+        if (o[i].kind == InstructionKind::kBackward) last_bwd_[vs] = i;
+      }
     }
   }
 
@@ -187,6 +218,11 @@ class Replay {
         if (prev < 0) break;
         ready = std::max(ready, prev + p2p_t_);
       }
+      const auto vsi = static_cast<std::size_t>(me.virtual_stage);
+      if (!dp_.params_ready_s.empty() && first_fwd_.at(me.virtual_stage) == st.next) {
+        ready = std::max(ready, dp_.params_ready_s[vsi]);
+        st.dyn += dp_.gather_energy_j[vsi];
+      }
       const InstructionSettings set = settings(me.virtual_stage, x.kind, x.microbatch);
       const InstructionCost& c = cost(me.virtual_stage, x.kind, set);
       const bool switches = st.last_freq != 0 && set.freq_mhz != st.last_freq;
@@ -199,6 +235,12 @@ class Replay {
       st.dyn += c.dynamic_energy_j;
       st.busy += c.time_s;
       if (sched_.sends(me)) st.dyn += p2p_e_;
+      if (!dp_.grad_increment.empty() && last_bwd_.at(me.virtual_stage) == st.next) {
+        // The stage's compute stream waits for the exposed part of the gradient reduction.
+        st.clock += dp_.grad_increment[vsi].time_s;
+        st.busy += dp_.grad_increment[vsi].time_s;
+        st.dyn += dp_.grad_increment[vsi].dynamic_energy_j;
+      }
       ++st.next;
       progress = true;
     }
@@ -206,6 +248,8 @@ class Replay {
   }
 
   const Schedule& sched_;
+  const DpCosts& dp_;
+  std::map<int, std::size_t> first_fwd_, last_bwd_;  ///< by virtual stage: index in its order
   std::vector<StageState> stages_;
   std::vector<double> end_;  ///< by (virtual stage, micro-batch, kind)
   double p2p_t_, p2p_e_, clock_switch_s_;
@@ -233,7 +277,28 @@ IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, Exe
   }
   CostMemo cost(ps, seq_ps ? &*seq_ps : nullptr, m, mode);
   const Schedule sched = w.schedule();
-  Replay replay(sched, p2p.time_s, p2p.dynamic_energy_j, clock_switch_s);
+  DpCosts dp;
+  if (!ps.dp_grad_overlaps.empty()) {
+    dp.grad_increment.resize(static_cast<std::size_t>(sched.virtual_stages()));
+    for (const auto& o : ps.dp_grad_overlaps) {
+      const SimResult inc = dp_grad_increment(m, o);
+      dp.grad_increment[static_cast<std::size_t>(o.stage)] = {inc.time_s, inc.dynamic_energy_j};
+    }
+  }
+  if (!ps.dp_param_gathers.empty()) {
+    // Each stage's DP stream gathers its chunks' parameters in chunk order from the start.
+    dp.params_ready_s.assign(static_cast<std::size_t>(sched.virtual_stages()), 0);
+    dp.gather_energy_j.assign(static_cast<std::size_t>(sched.virtual_stages()), 0);
+    std::vector<double> stream(static_cast<std::size_t>(pp), 0);
+    for (const auto& g : ps.dp_param_gathers) {
+      const SimResult r = m.simulate_sequence(g.kernels, fmax, sms);
+      double& t = stream[static_cast<std::size_t>(sched.stage_of(g.stage))];
+      t += r.time_s;
+      dp.params_ready_s[static_cast<std::size_t>(g.stage)] = t;
+      dp.gather_energy_j[static_cast<std::size_t>(g.stage)] = r.dynamic_energy_j;
+    }
+  }
+  Replay replay(sched, p2p.time_s, p2p.dynamic_energy_j, clock_switch_s, dp);
   std::vector<StageState>& stages = replay.run(settings, cost);
   // Once-per-iteration reductions after the last backward (DP gradients, tied embeddings).
   for (int idx : ps.iteration_segments) {

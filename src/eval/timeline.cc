@@ -1,7 +1,8 @@
 // Timeline of a plan over one iteration, drawn from plan format v2's predicted instruction start
-// and end times (the planner's schedule of the 1F1B DAG, Narayanan et al., SC '21, for the
-// order). The picture follows the usual pipeline-schedule diagrams (GPipe, Megatron-LM): time
-// runs right, one row per stage; here each bar also carries its SM clock as a colour.
+// and end times (the planner's schedule of the iteration DAG; the orders are Schedule's,
+// Narayanan et al., SC '21). The picture follows the usual pipeline-schedule diagrams (GPipe,
+// Megatron-LM): time runs right, one row per stage; here each bar also carries its SM clock as a
+// colour.
 #include "kareus/timeline.h"
 
 #include <fmt/format.h>
@@ -16,15 +17,18 @@
 namespace kareus {
 namespace {
 
-nlohmann::json instruction_json(const PlanInstruction& in, double clock_switch_s) {
+nlohmann::json instruction_json(const PlanInstruction& in, double clock_switch_s,
+                                bool interleaved) {
   const double stall_s = in.clock_switch ? clock_switch_s : 0.0;
   double sms = 0;
   for (const auto& [key, part] : in.partitions) sms += part.sms;
   if (!in.partitions.empty()) sms /= static_cast<double>(in.partitions.size());
-  return {{"label",
-           fmt::format("{}{}", in.kind == InstructionKind::kForward ? "F" : "B", in.microbatch)},
+  const char* kind = in.kind == InstructionKind::kForward ? "F" : "B";
+  return {{"label", interleaved ? fmt::format("{}{}c{}", kind, in.microbatch, in.chunk)
+                                : fmt::format("{}{}", kind, in.microbatch)},
           {"kind", to_string(in.kind)},
           {"microbatch", in.microbatch},
+          {"chunk", in.chunk},
           {"freq_mhz", in.freq_mhz},
           {"start_s", in.start_s},
           {"stall_s", stall_s},
@@ -51,12 +55,20 @@ nlohmann::json timeline_data(const std::vector<TimelinePanel>& panels) {
         {"execution", p.execution == ExecutionMode::kOverlapped ? "overlapped" : "sequential"},
         {"iteration_time_s", p.iteration_time_s},
         {"energy_j", p.energy_j},
+        {"chunks", p.chunks},
         {"stages", nlohmann::json::array()}};
     for (const auto& st : p.stages) {
       nlohmann::json sj = {
           {"stage", st.stage}, {"end_s", st.end_s}, {"instructions", nlohmann::json::array()}};
+      sj["dp_collectives"] = nlohmann::json::array();
+      for (const auto& d : st.dp_collectives) {
+        sj["dp_collectives"].push_back({{"collective", d.collective},
+                                        {"chunk", d.chunk},
+                                        {"start_s", d.start_s},
+                                        {"end_s", d.end_s}});
+      }
       for (const auto& in : st.instructions) {
-        sj["instructions"].push_back(instruction_json(in, p.clock_switch_s));
+        sj["instructions"].push_back(instruction_json(in, p.clock_switch_s, p.chunks > 1));
         fmin = fmin == 0 ? in.freq_mhz : std::min(fmin, in.freq_mhz);
         fmax = std::max(fmax, in.freq_mhz);
       }
@@ -94,7 +106,8 @@ tmax = max(p["iteration_time_s"] for p in panels)
 labels = []
 for ax, panel in zip(axes[:, 0], panels):
     ticks, names = [], []
-    bars = {"stall": ([], [], []), "run": ([], [], []), "lane": ([], [], [])}
+    bars = {"stall": ([], [], []), "run": ([], [], []), "lane": ([], [], []),
+            "dp": ([], [], [])}
     run_colors = []
     for row in panel["stages"]:
         y = rows - 1 - row["stage"]  # stage 0 on top
@@ -113,6 +126,9 @@ for ax, panel in zip(axes[:, 0], panels):
             if ins["overlapped"]:
                 for v, b in zip((y - 0.3, run, ins["run_start_s"]), bars["lane"]):
                     b.append(v)
+        for d in row.get("dp_collectives", []):
+            for v, b in zip((y - 0.42, d["end_s"] - d["start_s"], d["start_s"]), bars["dp"]):
+                b.append(v)
         ticks.append(y + 0.12)
         names.append("stage %d" % row["stage"])
     # Rectangles as one PolyCollection per kind: barh makes one patch per bar, which takes
@@ -126,6 +142,8 @@ for ax, panel in zip(axes[:, 0], panels):
                                      edgecolors="white", linewidths=0.6))
     ax.add_collection(PolyCollection(rects(*bars["lane"], 0.16), facecolors="C3",
                                      edgecolors="white", linewidths=0.4))
+    ax.add_collection(PolyCollection(rects(*bars["dp"], 0.1), facecolors="C1",
+                                     edgecolors="white", linewidths=0.4))
     ax.set_yticks(ticks)
     ax.set_yticklabels(names)
     ax.set_ylim(-0.55, rows - 0.3)
@@ -137,12 +155,17 @@ for ax, panel in zip(axes[:, 0], panels):
         panel["title"], panel["iteration_time_s"], panel["energy_j"] / 1e3, note),
         fontsize=10, loc="left")
     ax.grid(axis="x", alpha=0.3)
-axes[-1, 0].set_xlabel("Time from the iteration start (s); F3/B3 = forward/backward of micro-batch 3")
+axes[-1, 0].set_xlabel("Time from the iteration start (s); F3/B3 = forward/backward of micro-batch 3"
+                       + ("; F3c1 = through model chunk 1 (interleaved 1F1B)"
+                          if any(p.get("chunks", 1) > 1 for p in panels) else ""))
 fig.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=axes[:, 0].tolist(),
              label="SM clock (MHz)", fraction=0.03, pad=0.01)
 handles = [Patch(facecolor="C3", label="other nano-batch's collectives overlapped (thin lane)"),
            Patch(facecolor="0.85", hatch="////", edgecolor="0.45", label="clock-switch stall"),
            Line2D([0], [0], color="k", linestyle="--", linewidth=0.8, label="iteration end")]
+if any(row.get("dp_collectives") for p in panels for row in p["stages"]):
+    handles.insert(1, Patch(facecolor="C1", label="data-parallel gradient reduce-scatter / "
+                            "parameter all-gather (lowest lane)"))
 # Below the x label (constrained layout makes room for an axes legend).
 below = axes[-1, 0].transAxes + ScaledTranslation(0, -0.5, fig.dpi_scale_trans)
 axes[-1, 0].legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0),

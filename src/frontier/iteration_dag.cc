@@ -22,6 +22,8 @@ const char* to_string(DagNodeKind k) {
       return "p2p";
     case DagNodeKind::kIteration:
       return "iteration";
+    case DagNodeKind::kDataParallel:
+      return "dp";
   }
   return "?";
 }

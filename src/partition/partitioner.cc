@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -204,6 +205,67 @@ InstructionSteps instruction_steps(PartitionSet& ps, const InstructionGraph& ig,
   return is;
 }
 
+// The compute kernels of one micro-batch's instruction in execution order, collectives left
+// out (both nano-batches' blocks; a tail's small kernels run on the compute units too).
+std::vector<Kernel> compute_kernels(const InstructionGraph& ig) {
+  std::vector<Kernel> out = ig.prologue;
+  for (const auto& b : ig.blocks) {
+    for (int nb = 0; nb < ig.nano_batches; ++nb) {
+      out.insert(out.end(), b.ops.begin(), b.ops.end());
+      for (const auto& k : b.comm_tail) {
+        if (!k.is_collective()) out.push_back(k);
+      }
+    }
+  }
+  for (const auto& k : ig.epilogue) {
+    if (!k.is_collective()) out.push_back(k);
+  }
+  std::erase_if(out, [](const Kernel& k) { return k.is_collective(); });
+  return out;
+}
+
+DpGradOverlap dp_grad_overlap(const StageGraph& sg) {
+  const DpComm& d = *sg.dp;
+  DpGradOverlap o;
+  o.stage = sg.stage;
+  const std::vector<Kernel> ops = compute_kernels(sg.backward);
+  o.compute = {"dp_overlap_compute", sg.stage, "backward", ops};
+  const double buckets = std::ceil(d.params / d.bucket_params);
+  const double last_params = d.params - (buckets - 1) * d.bucket_params;
+  Kernel last = d.grad_reduce_scatter;
+  last.name = "dp_grad_reducescatter_last_bucket";
+  last.payload_bytes *= last_params / d.params;
+  o.exposed = {"dp_grad_exposed", sg.stage, "backward", {last}};
+  o.no_overlap = buckets < 2 || ops.empty();
+  if (o.no_overlap) return o;
+  // The first bucket's gradients are complete once that share of the backward's FLOPs ran.
+  double total = 0;
+  for (const auto& k : ops) total += k.flops;
+  const double ready = total * d.bucket_params / d.params;
+  // The collective launches before the first op after that share (the last op at the latest).
+  int slot = 0;
+  for (double acc = 0; slot + 1 < static_cast<int>(ops.size());) {
+    acc += ops[static_cast<std::size_t>(slot)].flops;
+    ++slot;
+    if (acc >= ready) break;
+  }
+  Partition& p = o.overlapped;
+  p.key = fmt::format("dp_grad_overlap_s{}", sg.stage);
+  p.direction = InstructionKind::kBackward;
+  p.compute_ops = ops;
+  p.slots = {{"first_bucket", slot}};
+  p.collective = d.grad_reduce_scatter;
+  p.collective.name = "dp_grad_reducescatter_buckets";
+  p.collective.payload_bytes -= last.payload_bytes;
+  std::string text = p.key;
+  for (const auto& k : ops) text.append("\n").append(kernel_text(k));
+  text += fmt::format("\nslot first_bucket@{}", slot);
+  text.append("\n").append(kernel_text(p.collective));
+  p.signature = fmt::format("{:016x}", fnv1a(text));
+  p.occurrences.push_back({sg.stage, InstructionKind::kBackward, 1});
+  return o;
+}
+
 }  // namespace
 
 PartitionSet partition_workload(const Workload& w) {
@@ -222,6 +284,11 @@ PartitionSet partition_workload(const Workload& w) {
     for (const auto& k : sg.per_iteration) {
       ps.segments.push_back({k.name, sg.stage, "iteration", {k}});
       ps.iteration_segments.push_back(static_cast<int>(ps.segments.size()) - 1);
+    }
+    if (sg.dp && sg.dp->overlapped) {
+      ps.dp_grad_overlaps.push_back(dp_grad_overlap(sg));
+      ps.dp_param_gathers.push_back(
+          {"dp_param_allgather", sg.stage, "iteration", {sg.dp->param_all_gather}});
     }
   }
   if (next_raw != raw.size()) throw InternalError("partitioner lost track of partition instances");

@@ -195,6 +195,12 @@ nlohmann::json Plan::to_json() const {
                          {"clock_changes", s.clock_changes},
                          {"end_s", s.end_s},
                          {"instructions", nlohmann::json::array()}};
+    for (const auto& d : s.dp_collectives) {
+      sj["dp_collectives"].push_back({{"collective", d.collective},
+                                      {"chunk", d.chunk},
+                                      {"start_s", d.start_s},
+                                      {"end_s", d.end_s}});
+    }
     for (const auto& in : s.instructions) {
       nlohmann::json ij = {{"instruction", to_string(in.kind)},
                            {"microbatch", in.microbatch},
@@ -392,6 +398,27 @@ PlanStage parse_stage(const Reader& r, const nlohmann::json& sj, const std::stri
                                       "when its last stage does",
                                       s.end_s, p.iteration_time_s));
   }
+  if (sj.contains("dp_collectives")) {
+    const auto& dps = r.array(sj, "dp_collectives", sp);
+    for (std::size_t k = 0; k < dps.size(); ++k) {
+      const std::string dp = index_path(sp + ".dp_collectives", k);
+      PlanDpCollective d;
+      d.collective = r.text(dps[k], "collective", dp);
+      if (d.collective != "grad_reducescatter" && d.collective != "param_allgather") {
+        r.fail(dp + ".collective",
+               fmt::format("'{}': allowed: grad_reducescatter, param_allgather", d.collective));
+      }
+      d.chunk = r.integer_at_least(dps[k], "chunk", dp, 0);
+      d.start_s = r.non_negative(dps[k], "start_s", dp);
+      d.end_s = r.non_negative(dps[k], "end_s", dp);
+      if (d.end_s < d.start_s || d.end_s > s.end_s + tolerance_s) {
+        r.fail(dp + ".end_s", fmt::format("{}: must be >= start_s ({}) and <= the stage's end_s "
+                                          "({})",
+                                          d.end_s, d.start_s, s.end_s));
+      }
+      s.dp_collectives.push_back(std::move(d));
+    }
+  }
   const auto& instrs = r.array(sj, "instructions", sp);
   for (std::size_t ii = 0; ii < instrs.size(); ++ii) {
     const PlanInstruction* prev = ii == 0 ? nullptr : &s.instructions.back();
@@ -516,6 +543,8 @@ nlohmann::json plan_summary_json(const Plan& p) {
       {"clock_switch_s", p.clock_switch_s},
       {"min_clock_hold_s", p.min_clock_hold_s},
       {"clock_changes", p.clock_changes()},
+      {"schedule", p.chunks > 1 ? "interleaved-1f1b" : "1f1b"},
+      {"virtual_pipeline", p.chunks},
       {"label", p.label},
       {"power_model", {{"calibrated", p.power_calibrated}, {"source", p.power_source}}},
       {"stages", nlohmann::json::array()}};
@@ -567,6 +596,12 @@ std::string plan_summary_text(const Plan& p) {
              ? fmt::format("power model: calibrated ({})\n", p.power_source)
              : fmt::format("power model: NOT calibrated for {} ({}): its energies are estimates\n",
                            p.gpu, p.power_source.empty() ? "no source recorded" : p.power_source);
+  if (p.chunks > 1) {
+    out += fmt::format(
+        "schedule: interleaved 1F1B, {} model chunks per stage (chunk c of stage s is virtual "
+        "stage c*pp+s); F3c1 = forward of micro-batch 3 through chunk 1\n",
+        p.chunks);
+  }
   for (const auto& st : p.stages) {
     double busy = 0, dyn = 0;
     for (const auto& in : st.instructions) {
@@ -581,6 +616,18 @@ std::string plan_summary_text(const Plan& p) {
         "energy {:.1f} J per GPU\n  clocks (MHz x instructions): {}\n  clock changes: {}\n",
         st.stage, rank_ranges(st.ranks), st.instructions.size(), busy, st.end_s, dyn,
         fmt::join(runs, " "), st.clock_changes);
+    if (p.chunks > 1) {
+      // The interleaved order is what a reader checks against Megatron-LM: its start in full.
+      constexpr std::size_t kShown = 24;
+      std::vector<std::string> order;
+      for (std::size_t i = 0; i < std::min(kShown, st.instructions.size()); ++i) {
+        const auto& in = st.instructions[i];
+        order.push_back(fmt::format("{}{}c{}", in.kind == InstructionKind::kForward ? 'F' : 'B',
+                                    in.microbatch, in.chunk));
+      }
+      out += fmt::format("  order: {}{}\n", fmt::join(order, " "),
+                         st.instructions.size() > kShown ? " ..." : "");
+    }
     const auto choices = partition_choices(st);
     if (choices.empty()) continue;
     TextTable t({"partition", "SMs @ slot (launch before op)", "instances (all instructions)"});

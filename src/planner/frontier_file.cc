@@ -190,9 +190,23 @@ MethodFrontier method_frontier_from_json(const Fields& r, const nlohmann::json& 
   const auto p2p = r.get<std::vector<double>>(j, "p2p", path);
   if (p2p.size() != 2) r.fail(path + ".p2p", "expected [time_s, dynamic_energy_j]");
   f.p2p = {p2p[0], p2p[1]};
-  for (const auto& v : r.get<std::vector<std::vector<double>>>(j, "reductions", path)) {
-    if (v.size() != 2) r.fail(path + ".reductions", "expected [time_s, dynamic_energy_j] entries");
-    f.reductions.push_back({v[0], v[1]});
+  for (const char* key : {"reductions", "dp_grad", "dp_gather"}) {
+    auto& runs = std::string_view(key) == "reductions" ? f.reductions
+                 : std::string_view(key) == "dp_grad"  ? f.dp_grad
+                                                       : f.dp_gather;
+    for (const auto& v : r.get<std::vector<std::vector<double>>>(j, key, path)) {
+      if (v.size() != 2) {
+        r.fail(path + "." + key, "expected [time_s, dynamic_energy_j] entries");
+      }
+      runs.push_back({v[0], v[1]});
+    }
+  }
+  if (f.dp_grad.size() != ps.dp_grad_overlaps.size() ||
+      f.dp_gather.size() != ps.dp_param_gathers.size()) {
+    r.fail(path + ".dp_grad",
+           fmt::format("expected {} and {} data-parallel costs for the workload (dp_grad, "
+                       "dp_gather)",
+                       ps.dp_grad_overlaps.size(), ps.dp_param_gathers.size()));
   }
   const auto& tables = r.at(j, "tables", path);
   const int vstages = w.parallel.virtual_stages();
@@ -246,9 +260,13 @@ nlohmann::json method_frontier_to_json(const MethodFrontier& f) {
       {"min_clock_hold_s", f.min_clock_hold_s},
       {"p2p", {f.p2p.time_s, f.p2p.dynamic_energy_j}},
       {"reductions", nlohmann::json::array()},
+      {"dp_grad", nlohmann::json::array()},
+      {"dp_gather", nlohmann::json::array()},
       {"tables", nlohmann::json::array()},
       {"points", nlohmann::json::array()}};
   for (const auto& r : f.reductions) j["reductions"].push_back({r.time_s, r.dynamic_energy_j});
+  for (const auto& r : f.dp_grad) j["dp_grad"].push_back({r.time_s, r.dynamic_energy_j});
+  for (const auto& r : f.dp_gather) j["dp_gather"].push_back({r.time_s, r.dynamic_energy_j});
   // Only the options some point uses, in table order; index[t][old] is the stored index.
   std::vector<std::vector<int>> index(f.tables.size());
   for (std::size_t t = 0; t < f.tables.size(); ++t) index[t].assign(f.tables[t].size(), -1);
@@ -282,7 +300,25 @@ nlohmann::json frontiers_to_json(const std::map<Method, MethodFrontier>& f,
                                  const std::vector<FrontierRef>& merged) {
   nlohmann::json j;
   j["methods"] = nlohmann::json::object();
-  for (const auto& [m, mf] : f) j["methods"][to_string(m)] = method_frontier_to_json(mf);
+  // A method that plans exactly as another (one nano-batch: Kareus and Nanobatching+Perseus plan
+  // as Perseus) is stored once; the others name it.
+  std::vector<std::pair<std::string, nlohmann::json>> written;
+  for (const auto& [m, mf] : f) {
+    nlohmann::json mj = method_frontier_to_json(mf);
+    std::string same;
+    for (const auto& [name, other] : written) {
+      if (other == mj) {
+        same = name;
+        break;
+      }
+    }
+    if (same.empty()) {
+      j["methods"][to_string(m)] = mj;
+      written.emplace_back(to_string(m), std::move(mj));
+    } else {
+      j["methods"][to_string(m)] = {{"same_as", same}};
+    }
+  }
   j["points"] = nlohmann::json::array();
   for (const FrontierRef& r : merged) {
     const FrontierPoint& p = f.at(r.method).points.at(r.index);
@@ -389,10 +425,24 @@ FrontierFile load_frontier_file(const std::string& path) {
   f.planner = r.at(j, "planner", "");
   const auto& methods = r.at(j, "methods", "");
   for (Method m : kMethods) {
-    if (!methods.contains(to_string(m))) continue;
+    if (!methods.contains(to_string(m)) || methods[to_string(m)].contains("same_as")) continue;
     f.methods.emplace(m, method_frontier_from_json(r, methods[to_string(m)],
                                                    std::string("methods.") + to_string(m), m,
                                                    f.workload, f.partitions));
+  }
+  for (Method m : kMethods) {
+    if (!methods.contains(to_string(m)) || !methods[to_string(m)].contains("same_as")) continue;
+    const std::string path = std::string("methods.") + to_string(m) + ".same_as";
+    const auto& same = methods[to_string(m)]["same_as"];
+    const auto it = std::find_if(f.methods.begin(), f.methods.end(), [&](const auto& kv) {
+      return same.is_string() && to_string(kv.first) == same.get<std::string>();
+    });
+    if (it == f.methods.end()) {
+      r.fail(path, "expected the name of a method stored in full in this file");
+    }
+    MethodFrontier copy = it->second;
+    copy.method = m;
+    f.methods.emplace(m, std::move(copy));
   }
   const auto& points = r.at(j, "points", "");
   for (std::size_t k = 0; k < points.size(); ++k) {

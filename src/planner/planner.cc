@@ -12,13 +12,20 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <exception>
 #include <functional>
+#include <iterator>
+#include <limits>
+#include <mutex>
 #include <optional>
 #include <set>
+#include <thread>
 #include <tuple>
 
 #include "kareus/error.h"
+#include "kareus/interrupt.h"
 #include "kareus/pareto.h"
 
 namespace kareus {
@@ -491,6 +498,28 @@ void Planner::compose_tables(MethodFrontier& mf,
     const PartitionOption c = segment_cost(ps_.segments[static_cast<std::size_t>(idx)], fmax);
     mf.reductions.push_back({c.time_s, c.dynamic_energy_j});
   }
+  // Overlapped data-parallel communication, measured at the settings the emulator's replay
+  // assumes (dp_grad_increment): the maximum clock, NCCL's default CTAs. On the partitions the
+  // method's instructions run on.
+  const PartitionSet& dps =
+      mf.execution == ExecutionMode::kSequential ? sequential_partitions() : ps_;
+  const int sms = w_.gpu().segment_collective_sms();
+  mf.dp_grad.clear();
+  for (const auto& o : dps.dp_grad_overlaps) {
+    PartitionOption inc = segment_cost(o.exposed, fmax);
+    if (!o.no_overlap) {
+      const Measurement with = profiler_.measure(o.overlapped, {fmax, sms, "first_bucket"});
+      const PartitionOption alone = segment_cost(o.compute, fmax);
+      inc.time_s += std::max(0.0, with.time_s - alone.time_s);
+      inc.dynamic_energy_j += std::max(0.0, with.dynamic_energy_j - alone.dynamic_energy_j);
+    }
+    mf.dp_grad.push_back({inc.time_s, inc.dynamic_energy_j});
+  }
+  mf.dp_gather.clear();
+  for (const auto& g : dps.dp_param_gathers) {
+    const PartitionOption c = segment_cost(g, fmax);
+    mf.dp_gather.push_back({c.time_s, c.dynamic_energy_j});
+  }
 }
 
 void build_iteration_dag(const Workload& w, const PartitionSet& ps, MethodFrontier& mf) {
@@ -498,7 +527,9 @@ void build_iteration_dag(const Workload& w, const PartitionSet& ps, MethodFronti
   const int pp = sched.stages(), mbs = sched.microbatches();
   const double per_stage = static_cast<double>(w.parallel.tp) * w.parallel.cp * w.parallel.dp;
   if (mf.tables.size() != 2 * static_cast<std::size_t>(sched.virtual_stages()) ||
-      mf.reductions.size() != ps.iteration_segments.size()) {
+      mf.reductions.size() != ps.iteration_segments.size() ||
+      mf.dp_grad.size() != ps.dp_grad_overlaps.size() ||
+      mf.dp_gather.size() != ps.dp_param_gathers.size()) {
     throw InternalError("build_iteration_dag: option tables do not match the workload");
   }
   IterationDag& dag = mf.dag;
@@ -528,8 +559,37 @@ void build_iteration_dag(const Workload& w, const PartitionSet& ps, MethodFronti
   // execution order (stage_instructions relies on it).
   std::map<std::tuple<int, int, int>, int> node_of;  // (kind, virtual stage, mb) -> node
   std::vector<int> last(static_cast<std::size_t>(pp), -1);
+  // Data-parallel costs by virtual stage (PartitionSet::dp_grad_overlaps, dp_param_gathers).
+  std::map<int, SegmentRun> grad_of, gather_of;
+  for (std::size_t i = 0; i < ps.dp_grad_overlaps.size(); ++i) {
+    grad_of[ps.dp_grad_overlaps[i].stage] = mf.dp_grad[i];
+  }
+  for (std::size_t i = 0; i < ps.dp_param_gathers.size(); ++i) {
+    gather_of[ps.dp_param_gathers[i].stage] = mf.dp_gather[i];
+  }
+  // The parameter all-gathers: each stage's DP stream, in chunk order from the iteration start.
+  std::map<int, int> gather_node;  // virtual stage -> node
   for (int s = 0; s < pp; ++s) {
-    for (const auto& x : sched.order(s)) {
+    int prev = -1;
+    for (int c = 0; c < sched.chunks(); ++c) {
+      const int vs = sched.virtual_stage(s, c);
+      auto g = gather_of.find(vs);
+      if (g == gather_of.end()) continue;
+      const int id = add_node(s, c, DagNodeKind::kDataParallel, -1,
+                              {{g->second.time_s, g->second.dynamic_energy_j * per_stage}}, -1);
+      if (prev >= 0) dag.edges.push_back({prev, id});
+      gather_node[vs] = prev = id;
+    }
+  }
+  for (int s = 0; s < pp; ++s) {
+    const auto& order = sched.order(s);
+    std::map<int, std::size_t> last_bwd;  // chunk -> index of its last backward in the order
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      if (order[i].kind == InstructionKind::kBackward) last_bwd[order[i].chunk] = i;
+    }
+    std::set<int> started;  // chunks whose first forward has been added
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      const auto& x = order[i];
       const int vs = sched.virtual_stage(s, x.chunk);
       const int t = 2 * vs + static_cast<int>(x.kind);
       const int id = add_node(s, x.chunk, dag_node_kind(x.kind), x.microbatch,
@@ -538,6 +598,20 @@ void build_iteration_dag(const Workload& w, const PartitionSet& ps, MethodFronti
       auto& prev = last[static_cast<std::size_t>(s)];
       if (prev >= 0) dag.edges.push_back({prev, id});
       prev = id;
+      if (x.kind == InstructionKind::kForward && started.insert(x.chunk).second) {
+        if (auto g = gather_node.find(vs); g != gather_node.end()) {
+          dag.edges.push_back({g->second, id});
+        }
+      }
+      // The gradient reduction's exposed cost follows the chunk's last backward on the stage.
+      if (x.kind == InstructionKind::kBackward && last_bwd.at(x.chunk) == i) {
+        if (auto g = grad_of.find(vs); g != grad_of.end()) {
+          const int d = add_node(s, x.chunk, DagNodeKind::kDataParallel, x.microbatch,
+                                 {{g->second.time_s, g->second.dynamic_energy_j * per_stage}}, -1);
+          dag.edges.push_back({prev, d});
+          prev = d;
+        }
+      }
     }
   }
   // A message between every pair of consecutive virtual stages, each way, on the sender.
@@ -733,9 +807,10 @@ struct ClockRun {
 };
 
 std::vector<ClockRun> clock_runs(const MethodFrontier& f, const std::vector<int>& nodes,
-                                 const std::vector<int>& choice) {
+                                 const std::vector<int>& choice, std::size_t from = 0,
+                                 std::size_t to = std::numeric_limits<std::size_t>::max()) {
   std::vector<ClockRun> runs;
-  for (std::size_t k = 0; k < nodes.size(); ++k) {
+  for (std::size_t k = from; k < std::min(to, nodes.size()); ++k) {
     const InstructionOption& o = option_of(f, choice, nodes[k]);
     if (runs.empty() || runs.back().freq != o.freq_mhz) runs.push_back({k, k, o.freq_mhz, 0});
     runs.back().end = k + 1;
@@ -800,20 +875,27 @@ bool retarget_run(const MethodFrontier& f, const std::vector<int>& nodes, const 
   return true;
 }
 
-// The clocks at which every instruction of `run` has an option.
-std::set<int> clocks_of_run(const MethodFrontier& f, const std::vector<int>& nodes,
-                            const ClockRun& run) {
-  std::set<int> common;
+// The clocks at which every instruction of `run` has an option, ascending. Sorted vectors, not
+// sets: this runs for every failed merge of every stage of every frontier point.
+std::vector<int> clocks_of_run(const MethodFrontier& f, const std::vector<int>& nodes,
+                               const ClockRun& run) {
+  std::vector<int> common, mine, both;
   for (std::size_t k = run.begin; k < run.end; ++k) {
-    std::set<int> mine;
+    mine.clear();
     for (const auto& o : f.node_options(static_cast<std::size_t>(nodes[k]))) {
-      mine.insert(o.freq_mhz);
+      mine.push_back(o.freq_mhz);
     }
+    std::sort(mine.begin(), mine.end());
+    mine.erase(std::unique(mine.begin(), mine.end()), mine.end());
     if (k == run.begin) {
-      common = std::move(mine);
+      common.swap(mine);
     } else {
-      std::erase_if(common, [&](int c) { return mine.count(c) == 0; });
+      both.clear();
+      std::set_intersection(common.begin(), common.end(), mine.begin(), mine.end(),
+                            std::back_inserter(both));
+      common.swap(both);
     }
+    if (common.empty()) break;
   }
   return common;
 }
@@ -830,10 +912,12 @@ bool retarget_pair_to_common_clock(const MethodFrontier& f, const std::vector<in
   if (r + 1 < runs.size()) nbs.push_back(r + 1);
   std::stable_sort(nbs.begin(), nbs.end(),
                    [&](std::size_t a, std::size_t b) { return runs[a].time_s < runs[b].time_s; });
-  const std::set<int> own = clocks_of_run(f, nodes, runs[r]);
+  const std::vector<int> own = clocks_of_run(f, nodes, runs[r]);
   for (std::size_t n : nbs) {
-    std::set<int> common = clocks_of_run(f, nodes, runs[n]);
-    std::erase_if(common, [&](int c) { return own.count(c) == 0; });
+    const std::vector<int> theirs = clocks_of_run(f, nodes, runs[n]);
+    std::vector<int> common;
+    std::set_intersection(own.begin(), own.end(), theirs.begin(), theirs.end(),
+                          std::back_inserter(common));
     if (common.empty()) continue;
     const int aim =
         toward_faster ? std::max(runs[r].freq, runs[n].freq) : std::min(runs[r].freq, runs[n].freq);
@@ -849,11 +933,24 @@ bool retarget_pair_to_common_clock(const MethodFrontier& f, const std::vector<in
   return false;
 }
 
+// After runs r - 2 .. r + 2 changed clocks (a merge touches run r and a neighbour), the runs of
+// that window again; runs outside it keep their clocks, which differ from the window's ends, so
+// nothing merges across it.
+void refresh_runs(const MethodFrontier& f, const std::vector<int>& nodes,
+                  const std::vector<int>& out, std::vector<ClockRun>& runs, std::size_t r) {
+  const std::size_t lo = r >= 2 ? r - 2 : 0, hi = std::min(runs.size() - 1, r + 2);
+  std::vector<ClockRun> mid = clock_runs(f, nodes, out, runs[lo].begin, runs[hi].end);
+  runs.erase(runs.begin() + static_cast<std::ptrdiff_t>(lo),
+             runs.begin() + static_cast<std::ptrdiff_t>(hi + 1));
+  runs.insert(runs.begin() + static_cast<std::ptrdiff_t>(lo), mid.begin(), mid.end());
+}
+
 // One step of hold_clocks on one stage: merges (or, when no neighbour can take part, freezes)
-// the shortest run below `min_hold_s`. False when every run lasts long enough.
+// the shortest run below `min_hold_s`. False when every run lasts long enough. `runs` are the
+// stage's clock runs under `out`, kept up to date.
 bool merge_shortest_run(const MethodFrontier& f, const std::vector<int>& nodes, double min_hold_s,
-                        bool toward_faster, std::vector<int>& out, std::set<int>& frozen) {
-  const std::vector<ClockRun> runs = clock_runs(f, nodes, out);
+                        bool toward_faster, std::vector<int>& out, std::set<int>& frozen,
+                        std::vector<ClockRun>& runs) {
   if (runs.size() <= 1) return false;
   // The shortest run (first on ties); independent of min_hold_s, so a longer hold only
   // continues the same sequence of merges.
@@ -864,9 +961,15 @@ bool merge_shortest_run(const MethodFrontier& f, const std::vector<int>& nodes, 
   }
   if (!shortest || runs[*shortest].time_s >= min_hold_s) return false;
   for (const auto& [which, target] : merge_moves(runs, *shortest, toward_faster)) {
-    if (retarget_run(f, nodes, runs[which], target, out)) return true;
+    if (retarget_run(f, nodes, runs[which], target, out)) {
+      refresh_runs(f, nodes, out, runs, *shortest);
+      return true;
+    }
   }
-  if (retarget_pair_to_common_clock(f, nodes, runs, *shortest, toward_faster, out)) return true;
+  if (retarget_pair_to_common_clock(f, nodes, runs, *shortest, toward_faster, out)) {
+    refresh_runs(f, nodes, out, runs, *shortest);
+    return true;
+  }
   frozen.insert(nodes[runs[*shortest].begin]);  // no neighbour's clock can take it
   return true;
 }
@@ -884,13 +987,14 @@ std::vector<std::vector<int>> hold_sequence_on(const MethodFrontier& f,
   std::vector<int> out = choice;
   for (const auto& nodes : stages) {
     std::set<int> frozen;  // first node of runs that no neighbour's clock can take
+    std::vector<ClockRun> runs = clock_runs(f, nodes, out);
     for (std::size_t k = 0; k < min_holds_s.size(); ++k) {
       const double hold = min_holds_s[k];
       if (k > 0 && hold < min_holds_s[k - 1]) {
         throw InternalError("hold_clocks_sequence: holds must be ascending");
       }
       if (hold > 0) {
-        while (merge_shortest_run(f, nodes, hold, toward_faster, out, frozen)) {
+        while (merge_shortest_run(f, nodes, hold, toward_faster, out, frozen, runs)) {
         }
       }
       for (int node : nodes) {
@@ -930,9 +1034,10 @@ void Planner::apply_clock_switch_cost(MethodFrontier& mf) const {
   if (cs > 0) holds = {0, cs, 2 * cs, 4 * cs, 8 * cs, 16 * cs, 32 * cs, 64 * cs, 1e300};
   for (double& h : holds) h = std::max(h, o_.min_clock_hold_s);
   const std::string label = fmt::format("clock holds {}", to_string(mf.method));
-  std::vector<FrontierPoint> candidates;
   const DagTopology topo(mf);
-  for (std::size_t i = 0; i < mf.points.size(); ++i) {
+  // One point's held variants, the Pareto set of them.
+  auto variants = [&](std::size_t i) {
+    std::vector<FrontierPoint> out;
     for (bool faster : {true, false}) {
       std::vector<int> previous;
       for (std::vector<int>& choice :
@@ -940,13 +1045,46 @@ void Planner::apply_clock_switch_cost(MethodFrontier& mf) const {
         if (choice == previous) continue;
         const ClockSchedule sch = schedule_on(mf, topo, choice, cs);
         previous = choice;
-        candidates.push_back(
-            {sch.makespan_s, sch.energy_j, sch.dynamic_energy_j, std::move(choice)});
+        out.push_back({sch.makespan_s, sch.energy_j, sch.dynamic_energy_j, std::move(choice)});
       }
     }
-    if (progress_) progress_(label, i + 1, mf.points.size());
+    return pareto_frontier(out);
+  };
+  // Points are independent: worked out on every core, a block at a time, and folded into the
+  // running Pareto set in point order, so the result does not depend on the thread count and
+  // memory holds the frontier and one block, not every candidate (thousands of points times
+  // a choice per DAG node on a 405B-sized job).
+  const std::size_t n = mf.points.size();
+  const std::size_t threads = std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, 8);
+  const std::size_t block = 8 * threads;
+  std::vector<FrontierPoint> front;
+  for (std::size_t b = 0; b < n; b += block) {
+    throw_if_interrupted();
+    const std::size_t e = std::min(n, b + block);
+    std::vector<std::vector<FrontierPoint>> got(e - b);
+    std::atomic<std::size_t> next{b};
+    std::exception_ptr failed;
+    std::mutex failed_mu;
+    auto work = [&] {
+      for (std::size_t i = next++; i < e; i = next++) {
+        try {
+          got[i - b] = variants(i);
+        } catch (...) {
+          const std::lock_guard<std::mutex> lock(failed_mu);
+          if (!failed) failed = std::current_exception();
+        }
+      }
+    };
+    std::vector<std::thread> pool;
+    for (std::size_t t = 1; t < std::min(threads, e - b); ++t) pool.emplace_back(work);
+    work();
+    for (auto& t : pool) t.join();
+    if (failed) std::rethrow_exception(failed);
+    for (auto& g : got) std::move(g.begin(), g.end(), std::back_inserter(front));
+    front = pareto_frontier(front);
+    if (progress_) progress_(label, e, n);
   }
-  mf.points = pareto_frontier(candidates);
+  mf.points = std::move(front);
 }
 
 namespace {
@@ -1068,6 +1206,14 @@ Plan materialize_plan(const Workload& w, const PartitionSet& ps, const std::stri
     const DagNode& n = f.dag.nodes[i];
     PlanStage& st = p.stages[static_cast<std::size_t>(n.stage)];
     if (n.instruction != DagNodeKind::kP2p) st.end_s = std::max(st.end_s, sch.end_s[i]);
+    if (n.instruction == DagNodeKind::kDataParallel) {
+      // A gradient node follows its backward (node i - 1, build_iteration_dag), whose buckets
+      // it reduces while that runs; a gather has no micro-batch.
+      const bool grad = n.microbatch >= 0;
+      st.dp_collectives.push_back({grad ? "grad_reducescatter" : "param_allgather", n.chunk,
+                                   grad ? sch.start_s[i - 1] : sch.start_s[i], sch.end_s[i]});
+      continue;
+    }
     const auto& opts = f.node_options(i);
     if (opts.empty()) continue;  // messages and reductions are not instructions
     const InstructionOption& o = opts.at(static_cast<std::size_t>(choice[i]));

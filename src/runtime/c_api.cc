@@ -1,8 +1,10 @@
 // C API of the Kareus runtime (include/kareus/c_api.h), over kareus::Plan (format v2) and
 // runtime::FrequencyController. Follows XGBoost's C API pattern: every entry point catches every
 // exception, stores its message in a thread-local string and returns a status code, so no C++
-// exception crosses the boundary. The instruction hooks enforce the plan's 1F1B order because a
-// training loop that drifts from it would apply the wrong clocks and slots silently.
+// exception crosses the boundary. The instruction hooks enforce the order of the stage's
+// instruction list in the plan (validated against the workload's pipeline schedule when the plan
+// is opened) because a training loop that drifts from it would apply the wrong clocks and slots
+// silently.
 #include "kareus/c_api.h"
 
 #include <fmt/format.h>
@@ -18,6 +20,7 @@
 #include "kareus/plan.h"
 #include "kareus/plan_check.h"
 #include "kareus/runtime.h"
+#include "kareus/schedule.h"
 #include "kareus/workload.h"
 
 namespace {
@@ -82,6 +85,11 @@ int from_kind(kareus::InstructionKind k) {
   return k == kareus::InstructionKind::kForward ? KAREUS_FORWARD : KAREUS_BACKWARD;
 }
 
+/// "forward of micro-batch 1 (chunk 0)", as the plan checks write an instruction.
+std::string name_of(kareus::InstructionKind k, int chunk, int microbatch) {
+  return fmt::format("{} of micro-batch {} (chunk {})", kareus::to_string(k), microbatch, chunk);
+}
+
 }  // namespace
 
 struct kareus_controller {
@@ -99,6 +107,7 @@ struct kareus_plan {
   std::string path;
   int rank = 0;
   int stage = 0;
+  const char* schedule = "1f1b";  ///< Schedule::name() of the workload's schedule
   /// Partitions of each instruction of the stage, ordered by key (the plan's map order).
   std::vector<std::vector<std::pair<const std::string*, const kareus::PlanPartition*>>> parts;
   kareus_controller* controller = nullptr;
@@ -125,8 +134,27 @@ struct kareus_plan {
   }
   std::string describe(std::size_t index) const {
     const auto& in = st().instructions[index];
-    return fmt::format("{} of micro-batch {} (instruction {} of {})", kareus::to_string(in.kind),
-                       in.microbatch, index, st().instructions.size());
+    return fmt::format("{} (instruction {} of {})", name_of(in.kind, in.chunk, in.microbatch),
+                       index, st().instructions.size());
+  }
+  /// Checks a chunk argument: KAREUS_ERR_ARGUMENT outside 0..chunks-1.
+  void check_chunk(int chunk) const {
+    if (chunk < 0 || chunk >= plan.chunks) {
+      fail(KAREUS_ERR_ARGUMENT,
+           fmt::format("chunk {}: the plan's stages hold {} model chunk{} (0..{})", chunk,
+                       plan.chunks, plan.chunks == 1 ? "" : "s", plan.chunks - 1));
+    }
+  }
+  /// The chunk-less forms of the instruction functions name chunk 0: refused where that is
+  /// ambiguous (an interleaved plan), pointing at the `_chunk` function.
+  void check_unchunked(const char* function, kareus::InstructionKind k, int microbatch) const {
+    if (plan.chunks == 1) return;
+    fail(KAREUS_ERR_ORDER,
+         fmt::format("rank {} (stage {}): {} of micro-batch {} without a chunk: the plan runs "
+                     "the {} schedule with {} model chunks per stage, where (kind, micro-batch) "
+                     "names {} instructions; call {}_chunk (next in the plan: {})",
+                     rank, stage, kareus::to_string(k), microbatch, schedule, plan.chunks,
+                     plan.chunks, function, describe(next)));
   }
 };
 
@@ -188,6 +216,7 @@ int kareus_plan_open(const char* plan_path, const char* workload_path, int globa
       throw kareus::InvalidInput(fmt::format("{}: global rank: {}", plan_path, e.what()));
     }
     h->rank = global_rank;
+    h->schedule = h->workload.schedule().name();
     for (const auto& in : h->st().instructions) {
       auto& list = h->parts.emplace_back();
       for (const auto& [key, part] : in.partitions) list.push_back({&key, &part});
@@ -239,6 +268,26 @@ int kareus_plan_stage_ranks(const kareus_plan* plan, int stage, int* ranks, int 
   });
 }
 
+int kareus_plan_chunks(const kareus_plan* plan, int* chunks) {
+  return guarded(__func__, [&] { *need(chunks, "chunks") = need(plan, "plan")->plan.chunks; });
+}
+
+int kareus_plan_schedule_name(const kareus_plan* plan, const char** name) {
+  return guarded(__func__, [&] { *need(name, "name") = need(plan, "plan")->schedule; });
+}
+
+int kareus_plan_chunk_layers(const kareus_plan* plan, int chunk, int* layers, int* first_layer) {
+  return guarded(__func__, [&] {
+    need(plan, "plan")->check_chunk(chunk);
+    const auto& par = plan->workload.parallel;
+    const auto vs = static_cast<std::size_t>(chunk * par.pp + plan->stage);
+    int first = 0;
+    for (std::size_t i = 0; i < vs; ++i) first += par.stage_layers.at(i);
+    if (layers != nullptr) *layers = par.stage_layers.at(vs);
+    if (first_layer != nullptr) *first_layer = first;
+  });
+}
+
 int kareus_plan_workload_shape(const kareus_plan* plan, kareus_workload_shape* out) {
   return guarded(__func__, [&] {
     need(out, "out");
@@ -264,7 +313,8 @@ int kareus_plan_workload_shape(const kareus_plan* plan, kareus_workload_shape* o
     out->micro_batches = w.batch.micro_batches;
     out->nano_batches = w.batch.nano_batches;
     out->recompute = w.recompute == kareus::Recompute::kFull ? 1 : 0;
-    out->stage_layers = w.parallel.stage_layers.at(static_cast<std::size_t>(plan->stage));
+    out->stage_layers = w.parallel.layers_of_stage(plan->stage);
+    out->virtual_pipeline = w.parallel.virtual_pipeline;
   });
 }
 
@@ -286,6 +336,7 @@ int kareus_plan_instruction(const kareus_plan* plan, int index, kareus_instructi
     out->start_s = in.start_s;
     out->end_s = in.end_s;
     out->time_s = in.time_s;
+    out->chunk = in.chunk;
   });
 }
 
@@ -296,19 +347,66 @@ int kareus_plan_instruction_sequential(const kareus_plan* plan, int index, int* 
   });
 }
 
+}  // extern "C"
+
+namespace {
+
+int find_instruction(const kareus_plan* plan, int kind, int chunk, int microbatch) {
+  const auto k = to_kind(kind);
+  plan->check_chunk(chunk);
+  const auto& ins = plan->st().instructions;
+  for (std::size_t i = 0; i < ins.size(); ++i) {
+    if (ins[i].kind == k && ins[i].chunk == chunk && ins[i].microbatch == microbatch) {
+      return static_cast<int>(i);
+    }
+  }
+  fail(KAREUS_ERR_ARGUMENT,
+       fmt::format("stage {} has no {}", plan->stage, name_of(k, chunk, microbatch)));
+}
+
+}  // namespace
+
+extern "C" {
+
+int kareus_plan_find_instruction_chunk(const kareus_plan* plan, int kind, int chunk, int microbatch,
+                                       int* index) {
+  return guarded(__func__, [&] {
+    need(index, "index");
+    *index = find_instruction(need(plan, "plan"), kind, chunk, microbatch);
+  });
+}
+
 int kareus_plan_find_instruction(const kareus_plan* plan, int kind, int microbatch, int* index) {
   return guarded(__func__, [&] {
     need(index, "index");
-    const auto k = to_kind(kind);
-    const auto& ins = need(plan, "plan")->st().instructions;
-    for (std::size_t i = 0; i < ins.size(); ++i) {
-      if (ins[i].kind == k && ins[i].microbatch == microbatch) {
-        *index = static_cast<int>(i);
-        return;
-      }
+    need(plan, "plan")->check_unchunked("kareus_plan_find_instruction", to_kind(kind), microbatch);
+    *index = find_instruction(plan, kind, 0, microbatch);
+  });
+}
+
+int kareus_schedule_order(int stages, int chunks, int microbatches, int stage,
+                          kareus_scheduled_instruction* out, int capacity, int* count) {
+  return guarded(__func__, [&] {
+    need(count, "count");
+    if (capacity < 0) fail(KAREUS_ERR_ARGUMENT, fmt::format("capacity {} < 0", capacity));
+    if (capacity > 0) need(out, "out");
+    const kareus::Schedule sched(stages, chunks, microbatches);
+    if (stage < 0 || stage >= stages) {
+      fail(KAREUS_ERR_ARGUMENT,
+           fmt::format("stage {}: the schedule has {} stages (0..{})", stage, stages, stages - 1));
     }
-    fail(KAREUS_ERR_ARGUMENT, fmt::format("stage {} has no {} of micro-batch {}", plan->stage,
-                                          kareus::to_string(k), microbatch));
+    const auto& order = sched.order(stage);
+    for (std::size_t i = 0; i < order.size() && static_cast<int>(i) < capacity; ++i) {
+      out[i] = {from_kind(order[i].kind), order[i].chunk, order[i].microbatch};
+    }
+    *count = static_cast<int>(order.size());
+  });
+}
+
+int kareus_schedule_name(int stages, int chunks, int microbatches, const char** name) {
+  return guarded(__func__, [&] {
+    need(name, "name");
+    *name = kareus::Schedule(stages, chunks, microbatches).name();
   });
 }
 
@@ -429,69 +527,91 @@ int kareus_plan_attach_controller(kareus_plan* plan, kareus_controller* controll
   });
 }
 
+}  // extern "C"
+
+namespace {
+
+void instruction_begin(kareus_plan* plan, int kind, int chunk, int microbatch) {
+  const auto k = to_kind(kind);
+  plan->check_chunk(chunk);
+  const auto& ins = plan->st().instructions;
+  if (plan->open) {
+    fail(KAREUS_ERR_ORDER, fmt::format("rank {} (stage {}): begin of {} while {} is open; call "
+                                       "kareus_instruction_end_chunk first",
+                                       plan->rank, plan->stage, name_of(k, chunk, microbatch),
+                                       plan->describe(plan->next)));
+  }
+  const auto& want = ins.at(plan->next);
+  if (want.kind != k || want.chunk != chunk || want.microbatch != microbatch) {
+    fail(KAREUS_ERR_ORDER,
+         fmt::format("rank {} (stage {}): begin of {}, but the plan's {} order runs {} next",
+                     plan->rank, plan->stage, name_of(k, chunk, microbatch), plan->schedule,
+                     plan->describe(plan->next)));
+  }
+  if (plan->controller != nullptr) {
+    if (plan->controller->stopped) {
+      fail(KAREUS_ERR_STATE,
+           fmt::format("the attached controller (pid {}) is stopped", plan->controller->pid));
+    }
+    try {
+      plan->controller->impl->set_clock(want.freq_mhz);
+    } catch (const kareus::Error& e) {
+      // The controller died (its own reset ran, or its parent-death path will): failing every
+      // later hook would kill a training job that only lost its energy saving.
+      std::fprintf(stderr,
+                   "kareus: warning: rank %d: %s; detaching the frequency controller, training "
+                   "continues at the GPU's default clocks\n",
+                   plan->rank, e.what());
+      detach(plan);
+    }
+  }
+  plan->open = true;
+}
+
+void instruction_end(kareus_plan* plan, int kind, int chunk, int microbatch) {
+  const auto k = to_kind(kind);
+  plan->check_chunk(chunk);
+  const auto& ins = plan->st().instructions;
+  const auto& want = ins.at(plan->next);
+  if (!plan->open) {
+    fail(KAREUS_ERR_ORDER,
+         fmt::format("rank {} (stage {}): end of {} without a begin; next in the plan's {} "
+                     "order is {}",
+                     plan->rank, plan->stage, name_of(k, chunk, microbatch), plan->schedule,
+                     plan->describe(plan->next)));
+  }
+  if (want.kind != k || want.chunk != chunk || want.microbatch != microbatch) {
+    fail(KAREUS_ERR_ORDER,
+         fmt::format("rank {} (stage {}): end of {}, but the open instruction is {}", plan->rank,
+                     plan->stage, name_of(k, chunk, microbatch), plan->describe(plan->next)));
+  }
+  plan->open = false;
+  plan->next = (plan->next + 1) % ins.size();
+}
+
+}  // namespace
+
+extern "C" {
+
+int kareus_instruction_begin_chunk(kareus_plan* plan, int kind, int chunk, int microbatch) {
+  return guarded(__func__, [&] { instruction_begin(need(plan, "plan"), kind, chunk, microbatch); });
+}
+
+int kareus_instruction_end_chunk(kareus_plan* plan, int kind, int chunk, int microbatch) {
+  return guarded(__func__, [&] { instruction_end(need(plan, "plan"), kind, chunk, microbatch); });
+}
+
 int kareus_instruction_begin(kareus_plan* plan, int kind, int microbatch) {
   return guarded(__func__, [&] {
-    need(plan, "plan");
-    const auto k = to_kind(kind);
-    const auto& ins = plan->st().instructions;
-    if (plan->open) {
-      fail(KAREUS_ERR_ORDER,
-           fmt::format("rank {} (stage {}): begin of {} of micro-batch {} while {} is open; call "
-                       "kareus_instruction_end first",
-                       plan->rank, plan->stage, kareus::to_string(k), microbatch,
-                       plan->describe(plan->next)));
-    }
-    const auto& want = ins.at(plan->next);
-    if (want.kind != k || want.microbatch != microbatch) {
-      fail(KAREUS_ERR_ORDER,
-           fmt::format("rank {} (stage {}): begin of {} of micro-batch {}, but the plan's 1F1B "
-                       "order runs {} next",
-                       plan->rank, plan->stage, kareus::to_string(k), microbatch,
-                       plan->describe(plan->next)));
-    }
-    if (plan->controller != nullptr) {
-      if (plan->controller->stopped) {
-        fail(KAREUS_ERR_STATE,
-             fmt::format("the attached controller (pid {}) is stopped", plan->controller->pid));
-      }
-      try {
-        plan->controller->impl->set_clock(want.freq_mhz);
-      } catch (const kareus::Error& e) {
-        // The controller died (its own reset ran, or its parent-death path will): failing every
-        // later hook would kill a training job that only lost its energy saving.
-        std::fprintf(stderr,
-                     "kareus: warning: rank %d: %s; detaching the frequency controller, training "
-                     "continues at the GPU's default clocks\n",
-                     plan->rank, e.what());
-        detach(plan);
-      }
-    }
-    plan->open = true;
+    need(plan, "plan")->check_unchunked("kareus_instruction_begin", to_kind(kind), microbatch);
+    instruction_begin(plan, kind, 0, microbatch);
   });
 }
 
 int kareus_instruction_end(kareus_plan* plan, int kind, int microbatch) {
   return guarded(__func__, [&] {
-    need(plan, "plan");
-    const auto k = to_kind(kind);
-    const auto& ins = plan->st().instructions;
-    const auto& want = ins.at(plan->next);
-    if (!plan->open) {
-      fail(KAREUS_ERR_ORDER,
-           fmt::format("rank {} (stage {}): end of {} of micro-batch {} without a begin; next in "
-                       "the plan is {}",
-                       plan->rank, plan->stage, kareus::to_string(k), microbatch,
-                       plan->describe(plan->next)));
-    }
-    if (want.kind != k || want.microbatch != microbatch) {
-      fail(KAREUS_ERR_ORDER,
-           fmt::format("rank {} (stage {}): end of {} of micro-batch {}, but the open "
-                       "instruction is {}",
-                       plan->rank, plan->stage, kareus::to_string(k), microbatch,
-                       plan->describe(plan->next)));
-    }
-    plan->open = false;
-    plan->next = (plan->next + 1) % ins.size();
+    need(plan, "plan")->check_unchunked("kareus_instruction_end", to_kind(kind), microbatch);
+    instruction_end(plan, kind, 0, microbatch);
   });
 }
 

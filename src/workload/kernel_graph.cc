@@ -19,6 +19,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "kareus/error.h"
 
 namespace kareus {
@@ -437,9 +439,19 @@ class Builder {
     return collective("p2p", CollectiveKind::kP2P, CommGroup::kPp, sp_tokens_ * h_ * kBf16);
   }
 
-  Kernel dp_grad_reduce(double params) const {
-    return collective("dp_grad_allreduce", CollectiveKind::kAllReduce, CommGroup::kDp,
-                      params * kFp32);
+  // ZeRO-1: fp32 gradients reduce-scattered, bf16 parameters all-gathered (Megatron-LM's
+  // distributed optimizer with its default fp32 gradient reduction).
+  DpComm dp_comm(double params, bool overlapped) const {
+    DpComm d;
+    d.grad_reduce_scatter = collective("dp_grad_reducescatter", CollectiveKind::kReduceScatter,
+                                       CommGroup::kDp, params * kFp32);
+    d.param_all_gather = collective("dp_param_allgather", CollectiveKind::kAllGather,
+                                    CommGroup::kDp, params * kBf16);
+    d.params = params;
+    // Megatron-LM's DistributedDataParallel default: bucket_size = max(40M, 1M x dp) params.
+    d.bucket_params = std::max(40e6, 1e6 * p_.dp);
+    d.overlapped = overlapped;
+    return d;
   }
   Kernel embedding_grad_reduce() const {
     return collective("tied_embedding_grad_allreduce", CollectiveKind::kAllReduce,
@@ -542,7 +554,13 @@ KernelGraph build_kernel_graph(const Workload& w) {
     if (holds_vocab) params += nano.vocab_params();
     if (pp == 1 && !w.model.tied_embeddings) params += nano.vocab_params();
     // Each chunk's gradients are reduced on their own (Megatron-LM's per-chunk buffers).
-    if (p.dp > 1) sg.per_iteration.push_back(nano.dp_grad_reduce(params));
+    if (p.dp > 1) {
+      sg.dp = nano.dp_comm(params, p.overlap_dp_comm);
+      if (!p.overlap_dp_comm) {
+        sg.per_iteration.push_back(sg.dp->grad_reduce_scatter);
+        sg.per_iteration.push_back(sg.dp->param_all_gather);
+      }
+    }
     if (pp > 1 && w.model.tied_embeddings && holds_vocab) {
       sg.per_iteration.push_back(nano.embedding_grad_reduce());
     }

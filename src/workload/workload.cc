@@ -294,7 +294,8 @@ std::vector<int> parse_stage_layers(const Section& p, int model_layers) {
 }
 
 ParallelConfig parse_parallel(const Section& p, int model_layers) {
-  p.check_keys({"tp", "cp", "pp", "dp", "sequence_parallel", "virtual_pipeline", "stage_layers"});
+  p.check_keys({"tp", "cp", "pp", "dp", "sequence_parallel", "virtual_pipeline", "overlap_dp_comm",
+                "stage_layers"});
   ParallelConfig par;
   par.tp = p.positive_int_or("tp", 1);
   par.cp = p.positive_int_or("cp", 1);
@@ -302,6 +303,7 @@ ParallelConfig parse_parallel(const Section& p, int model_layers) {
   par.dp = p.positive_int_or("dp", 1);
   par.sequence_parallel = p.boolean_or("sequence_parallel", false);
   par.virtual_pipeline = p.positive_int_or("virtual_pipeline", 1);
+  par.overlap_dp_comm = p.boolean_or("overlap_dp_comm", true);
   if (p.has("stage_layers")) {
     par.stage_layers = parse_stage_layers(p, model_layers);
   } else {

@@ -267,3 +267,92 @@ TEST(Iteration, PipelineEnergyAccounting) {
 
 }  // namespace
 }  // namespace kareus
+
+namespace kareus {
+namespace {
+
+IterationResult megatron_at_fmax(const Workload& w) {
+  const EmulatorModel m(w.gpu());
+  return emulate_schedule(w, m, "megatron", w.gpu().max_freq_mhz);
+}
+
+// Interleaving removes the bubble the formula says: going from 1 to v chunks saves
+// (p - 1) / m x (1 - 1 / v) of a stage's compute time (Narayanan et al., SC '21, 2.2.2).
+TEST(Interleaved, MegatronSavesTheBubbleFormula) {
+  const Workload w1 = load_workload(
+      test::source_path("workloads/zoo/llama3.1-70b_h100_tp8_sp_pp8_seq4k_mb32.yaml"));
+  const IterationResult r1 = megatron_at_fmax(w1);
+  double compute_s = 0;  // mean busy time of a stage: its instructions and messages
+  for (const auto& s : r1.stages)
+    compute_s += s.busy_time_s / static_cast<double>(r1.stages.size());
+  const double p = 8, m = 32;
+  for (int v : {2, 5}) {
+    const Workload wv = load_workload(test::source_path(
+        "workloads/zoo/llama3.1-70b_h100_tp8_sp_pp8_vp" + std::to_string(v) + "_seq4k_mb32.yaml"));
+    ASSERT_EQ(wv.parallel.virtual_pipeline, v);
+    const IterationResult rv = megatron_at_fmax(wv);
+    const double saved_s = r1.iteration_time_s - rv.iteration_time_s;
+    const double formula_s = compute_s * (p - 1) / m * (1.0 - 1.0 / v);
+    EXPECT_GT(saved_s, 0) << "v=" << v;
+    EXPECT_NEAR(saved_s, formula_s, 0.02 * rv.iteration_time_s)
+        << "v=" << v << ": saved " << saved_s << " s, formula " << formula_s << " s";
+    // Same work: every stage is as busy as without interleaving (chunks split its layers).
+    for (std::size_t s = 0; s < rv.stages.size(); ++s) {
+      EXPECT_NEAR(rv.stages[s].busy_time_s, r1.stages[s].busy_time_s,
+                  0.03 * r1.stages[s].busy_time_s);
+    }
+  }
+}
+
+// Data-parallel communication on a job without a pipeline: sequentially after the last
+// backward it adds exactly its reduce-scatter and all-gather to the dp = 1 job; overlapped, the
+// all-gather plus what the reduce-scatter adds to the last backward, which is less than the
+// reduce-scatter and at least its last bucket.
+TEST(DataParallel, OverlappedGradientReductionBeatsTheSequentialSegment) {
+  const std::string text =
+      "model: llama3.2-3b\ngpu: h100-sxm\ncluster: {nodes: 8, gpus_per_node: 8}\n"
+      "parallel: {tp: 8, dp: 8, sequence_parallel: true, overlap_dp_comm: OVL}\n"
+      "batch: {micro_batch: 2, seq_len: 4096, micro_batches: 4}\nrecompute: full\n";
+  auto job = [&](bool overlap, int dp) {
+    std::string t = text;
+    t.replace(t.find("OVL"), 3, overlap ? "true" : "false");
+    if (dp == 1) {
+      t.replace(t.find("nodes: 8"), 8, "nodes: 1");
+      t.replace(t.find("dp: 8"), 5, "dp: 1");
+    }
+    return parse_workload(t, "dp.yaml");
+  };
+  const Workload ovl = job(true, 8), seq = job(false, 8), single = job(true, 1);
+  const EmulatorModel m(ovl.gpu());
+  const int f = ovl.gpu().max_freq_mhz, sms = ovl.gpu().segment_collective_sms();
+  const PartitionSet ps = partition_workload(seq);
+  ASSERT_EQ(ps.graph.stages.size(), 1u);
+  const DpComm& d = *ps.graph.stages[0].dp;
+  // 3.2B parameters over tp 8: 40M-parameter buckets, fp32 gradients, bf16 parameters.
+  EXPECT_NEAR(d.grad_reduce_scatter.payload_bytes, 4 * d.params, 1);
+  EXPECT_NEAR(d.param_all_gather.payload_bytes, 2 * d.params, 1);
+  EXPECT_DOUBLE_EQ(d.bucket_params, 40e6);
+  EXPECT_TRUE(d.grad_reduce_scatter.inter_node);
+  const double rs_s = m.simulate_sequence({d.grad_reduce_scatter}, f, sms).time_s;
+  const double ag_s = m.simulate_sequence({d.param_all_gather}, f, sms).time_s;
+  const double t1 = megatron_at_fmax(single).iteration_time_s;
+  const double t_seq = megatron_at_fmax(seq).iteration_time_s;
+  const double t_ovl = megatron_at_fmax(ovl).iteration_time_s;
+  EXPECT_NEAR(t_seq, t1 + rs_s + ag_s, 1e-9 * t_seq);
+  // Megatron-LM's schedule runs whole micro-batches: its partitioning has one nano-batch.
+  Workload ovl1 = ovl;
+  ovl1.batch.nano_batches = 1;
+  const PartitionSet pso = partition_workload(ovl1);
+  ASSERT_EQ(pso.dp_grad_overlaps.size(), 1u);
+  ASSERT_FALSE(pso.dp_grad_overlaps[0].no_overlap);
+  const double inc_s = dp_grad_increment(m, pso.dp_grad_overlaps[0]).time_s;
+  const double last_bucket_s =
+      m.simulate_sequence(pso.dp_grad_overlaps[0].exposed.kernels, f, sms).time_s;
+  EXPECT_NEAR(t_ovl, t1 + ag_s + inc_s, 1e-9 * t_ovl);
+  EXPECT_LT(inc_s, rs_s);
+  EXPECT_GE(inc_s, last_bucket_s);
+  EXPECT_LT(t_ovl, t_seq);
+}
+
+}  // namespace
+}  // namespace kareus

@@ -2,13 +2,18 @@
 """Functional test of the Kareus runtime on CPU: a plan made by `kareus plan` runs a real
 (tiny) training iteration.
 
-A Llama-like model of 2 layers (hidden 64, 4 heads, 2 KV heads, SwiGLU, RoPE) is trained for one
-iteration with TP=2 and PP=2 on 4 processes (gloo), 1F1B over 4 micro-batches, twice:
+A Llama-like model (hidden 64, 4 heads, 2 KV heads, SwiGLU, RoPE) is trained for one iteration
+with TP=2 and PP=2 on 4 processes (gloo) over 4 micro-batches, in the order of the workload's
+pipeline schedule (kareus.schedule_order: synchronous 1F1B for tiny_tp2_pp2.yaml, 2 layers;
+interleaved 1F1B with 2 model chunks per stage for tiny_tp2_pp2_vp2.yaml, 4 layers, one per
+virtual stage), twice:
   1. plainly: Megatron-style layers, whole micro-batches, synchronous collectives, autograd;
-  2. through kareus.torch: each stage's layers as one NanoBatchedStack (two nano-batches,
+  2. through kareus.torch: each model chunk's layers as one NanoBatchedStack (two nano-batches,
      asynchronous TP collectives launched before the plan's slot op, full recompute), with
-     kareus.Hooks around each instruction and a dry-run frequency controller per rank.
+     kareus.Hooks around each instruction (with its chunk) and a dry-run frequency controller
+     per rank.
 Checks:
+  - the plan's order of each stage is the schedule's (kind, chunk, micro-batch) list;
   - losses and every gradient equal within 1e-5 relative;
   - every collective of the nano-batched run was launched right before the compute op that the
     plan's slot names (the op name comes from the C++ kernel graph, via the plan's slot_op);
@@ -34,6 +39,14 @@ import sys
 import time
 
 TOLERANCE = 1e-5
+F, B = "forward", "backward"
+#: Interleaved 1F1B for 2 stages, 2 chunks, 4 micro-batches: (kind, chunk, micro-batch) per stage.
+INTERLEAVED_P2_V2_M4 = [
+    [(F, 0, 0), (F, 0, 1), (F, 1, 0), (F, 1, 1), (F, 0, 2), (B, 1, 0), (F, 0, 3), (B, 1, 1),
+     (F, 1, 2), (B, 0, 0), (F, 1, 3), (B, 0, 1), (B, 1, 2), (B, 1, 3), (B, 0, 2), (B, 0, 3)],
+    [(F, 0, 0), (F, 0, 1), (F, 1, 0), (B, 1, 0), (F, 1, 1), (B, 1, 1), (F, 0, 2), (B, 0, 0),
+     (F, 0, 3), (B, 0, 1), (F, 1, 2), (B, 1, 2), (F, 1, 3), (B, 1, 3), (B, 0, 2), (B, 0, 3)],
+]
 SEED = 1234
 BUDGET_S = 110.0  # all of the driver's waits together; ctest kills the test at 120 s
 
@@ -57,8 +70,9 @@ def rank_main(args) -> None:
                             world_size=world)
     plan = kareus.Plan(args.plan, args.workload)
     w = plan.workload
-    tp, pp, mbs = w["tp"], w["pp"], w["micro_batches"]
+    tp, pp, mbs, chunks = w["tp"], w["pp"], w["micro_batches"], plan.chunks
     assert w["cp"] == 1 and w["dp"] == 1 and tp * pp == world, w
+    assert chunks == w["virtual_pipeline"], (chunks, w)
     stage = plan.stage_for_rank(rank)
     stage_ranks = plan.ranks_of_stage(stage)
     tp_rank = stage_ranks.index(rank)
@@ -66,16 +80,22 @@ def rank_main(args) -> None:
     tp_group = groups[stage]
     shape = kt.ModelShape(w["layers"], w["hidden"], w["ffn_hidden"], w["heads"], w["kv_heads"],
                           w["head_dim"], w["vocab"])
-    first_layer = sum(w["stage_layers"][:stage])
-    layers = [kt.TPTransformerLayer(shape, tp_rank, tp, tp_group, seed=SEED + 1 + first_layer + i)
-              for i in range(w["stage_layers"][stage])]
-    first, last = stage == 0, stage == pp - 1
+    # Chunk c of the stage is virtual stage c * pp + stage; its layers come from the plan.
+    vstages = pp * chunks
+    chunk_layers = []
+    params = {}
+    for c in range(chunks):
+        n, first_layer = plan.chunk_layers(stage, c)
+        layers = [kt.TPTransformerLayer(shape, tp_rank, tp, tp_group,
+                                        seed=SEED + 1 + first_layer + i) for i in range(n)]
+        chunk_layers.append(layers)
+        params.update({f"layer{first_layer + i}.{name}": p for i, layer in enumerate(layers)
+                       for name, p in layer.named_parameters()})
+    first, last = stage == 0, stage == pp - 1  # hold the first / last virtual stage
     g = torch.Generator().manual_seed(SEED)
     emb_full = torch.randn(shape.vocab, shape.hidden, generator=g) * 0.5
     head_full = torch.randn(shape.vocab, shape.hidden, generator=g) * shape.hidden ** -0.5
     vocab_local = shape.vocab // tp
-    params = {f"layer{first_layer + i}.{n}": p for i, layer in enumerate(layers)
-              for n, p in layer.named_parameters()}
     if first:  # vocab-parallel embedding (Megatron): each TP rank holds a slice of the rows
         emb = torch.nn.Parameter(emb_full[tp_rank * vocab_local:(tp_rank + 1) * vocab_local]
                                  .clone())
@@ -100,53 +120,69 @@ def rank_main(args) -> None:
         return F.cross_entropy(logits.reshape(-1, shape.vocab), labels.reshape(-1)) / mbs
 
     act_shape = (w["micro_batch"], w["seq_len"], shape.hidden)
-    prev_rank = stage_ranks[tp_rank] - tp if not first else None
-    next_rank = stage_ranks[tp_rank] + tp if not last else None
 
-    def iteration(stack, hooks):
-        """One 1F1B iteration; `stack` maps the stage input to its output."""
+    def peer(vs):
+        """This TP rank's counterpart on the stage that holds virtual stage vs."""
+        return plan.ranks_of_stage(vs % pp)[tp_rank]
+
+    # Messages are tagged by kind, receiving virtual stage and micro-batch.
+    def tag(backward, vs_to, m):
+        return (int(backward) * vstages + vs_to) * mbs + m
+
+    # The order from the C++ schedule (the one the plan was made and validated with).
+    order = kareus.schedule_order(pp, chunks, mbs, stage)
+    assert len(order) == 2 * chunks * mbs, order
+
+    def iteration(stacks, hooks):
+        """One iteration in the schedule's order; stacks[c] maps chunk c's input to its output."""
         for p in params.values():
             p.grad = None
         saved, losses, sends = {}, [], []
-        for kind, m in kt.one_f_one_b_order(stage, pp, mbs):
+        for kind, c, m in order:
+            vs = c * pp + stage
             if kind == "forward":
-                if first:
+                if vs == 0:
                     x = None
                 else:
                     x = torch.empty(act_shape)
-                    dist.recv(x, src=prev_rank, tag=m)
+                    dist.recv(x, src=peer(vs - 1), tag=tag(False, vs, m))
                     x.requires_grad_(True)
-                hooks.on_instruction_begin("forward", m)
-                h = stack(embed(tokens[m, :, :-1]) if first else x)
-                out = loss_of(h, tokens[m, :, 1:]) if last else h
-                hooks.on_instruction_end("forward", m)
-                if last:
+                hooks.on_instruction_begin("forward", m, c)
+                h = stacks[c](embed(tokens[m, :, :-1]) if vs == 0 else x)
+                out = loss_of(h, tokens[m, :, 1:]) if vs == vstages - 1 else h
+                hooks.on_instruction_end("forward", m, c)
+                if vs == vstages - 1:
                     losses.append(out.item())
                 else:
-                    sends.append(dist.isend(out.detach().contiguous(), dst=next_rank, tag=m))
-                saved[m] = (x, out)
+                    sends.append(dist.isend(out.detach().contiguous(), dst=peer(vs + 1),
+                                            tag=tag(False, vs + 1, m)))
+                saved[(c, m)] = (x, out)
             else:
-                x, out = saved.pop(m)
+                x, out = saved.pop((c, m))
                 grad = None
-                if not last:
+                if vs != vstages - 1:
                     grad = torch.empty(act_shape)
-                    dist.recv(grad, src=next_rank, tag=1000 + m)
-                hooks.on_instruction_begin("backward", m)
+                    dist.recv(grad, src=peer(vs + 1), tag=tag(True, vs, m))
+                hooks.on_instruction_begin("backward", m, c)
                 torch.autograd.backward(out, grad)
-                hooks.on_instruction_end("backward", m)
-                if not first:
-                    sends.append(dist.isend(x.grad.contiguous(), dst=prev_rank, tag=1000 + m))
+                hooks.on_instruction_end("backward", m, c)
+                if vs != 0:
+                    sends.append(dist.isend(x.grad.contiguous(), dst=peer(vs - 1),
+                                            tag=tag(True, vs - 1, m)))
         for s in sends:
             s.wait()
         return losses, {n: p.grad.detach().clone() for n, p in params.items()}
 
-    def plain(x):
-        for layer in layers:
-            x = layer(x)
-        return x
+    def plain(layers):
+        def run(x):
+            for layer in layers:
+                x = layer(x)
+            return x
+        return run
 
     # 1. Plain Megatron-style run.
-    plain_losses, plain_grads = iteration(plain, kt.PipelineHooks(None, rank))
+    plain_losses, plain_grads = iteration([plain(layers) for layers in chunk_layers],
+                                          kt.PipelineHooks(None, rank))
 
     # 2. Kareus: hooks with the plan and a dry-run controller; nano-batched stack.
     log_path = os.path.join(args.workdir, f"freqd_rank{rank}.jsonl")
@@ -157,8 +193,10 @@ def rank_main(args) -> None:
     controller_pid = controller.pid
     with controller:
         hooks = kt.PipelineHooks(plan, rank, controller)
-        assert hooks.stage == stage
-        nano = kt.NanoBatchedStack(layers, hooks, recompute=w["recompute"], trace=trace)
+        assert hooks.stage == stage and hooks.chunks == chunks
+        plan_order = hooks.order
+        nano = [kt.NanoBatchedStack(layers, hooks, recompute=w["recompute"], trace=trace, chunk=c)
+                for c, layers in enumerate(chunk_layers)]
         nano_losses, nano_grads = iteration(nano, hooks)
         # Stopping drops targets still queued (a stopping job wants its reset, not a backlog),
         # so wait, bounded, until the controller has applied the stage's clocks.
@@ -180,9 +218,11 @@ def rank_main(args) -> None:
         "grad_norms": {n: plain_grads[n].norm().item() for n in params},
         "log": log_path, "controller_pid": controller_pid,
         "trace": [vars(e) for e in trace],
-        "plan_slot_ops": {f"{i.kind}/{i.microbatch}/{k}": [p.slot_op, p.sms]
+        "plan_slot_ops": {f"{i.kind}/{i.chunk}/{i.microbatch}/{k}": [p.slot_op, p.sms]
                           for i in plan.instructions(stage) for k, p in i.partitions.items()},
-        "hook_order": [(i.kind, i.microbatch, i.sequential) for i in plan.instructions(stage)],
+        "hook_order": [(i.kind, i.chunk, i.microbatch, i.sequential)
+                       for i in plan.instructions(stage)],
+        "plan_order": plan_order, "schedule_order": order, "chunks": chunks,
     }
     with open(os.path.join(args.workdir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
@@ -198,8 +238,8 @@ def victim_main(args) -> None:
     ctl = kareus.Controller(gpu_index=0, dry_run=True, log_path=args.log)
     hooks = kareus.Hooks(plan, 0, ctl)
     for ins in plan.instructions(0)[:2]:
-        hooks.on_instruction_begin(ins.kind, ins.microbatch)
-        hooks.on_instruction_end(ins.kind, ins.microbatch)
+        hooks.on_instruction_begin(ins.kind, ins.microbatch, ins.chunk)
+        hooks.on_instruction_end(ins.kind, ins.microbatch, ins.chunk)
     print(json.dumps({"controller_pid": ctl.pid}), flush=True)
     time.sleep(60)  # the driver kills it long before
 
@@ -305,16 +345,29 @@ def driver(args) -> None:
             results.append(json.load(f))
 
     worst_grad = 0.0
-    # The plan runs most instructions of this tiny model whole (overlap does not pay at 32
-    # tokens) and some nano-batched: both executor paths must be exercised.
-    kinds = {bool(x[2]) for res in results for x in res["hook_order"]}
-    if kinds != {False, True}:
-        fail(f"the plan's instructions are all {'sequential' if True in kinds else 'overlapped'}: "
-             "the test needs both kinds")
-    if not any(e["op_index"] >= 0 for res in results for e in res["trace"]):
-        fail("the executor launched no overlapped collective on any rank")
+    # The 1F1B plan runs most instructions of this tiny model whole (overlap does not pay at 32
+    # tokens) and some nano-batched: both executor paths must be exercised. The interleaved plan
+    # (four layers, one per virtual stage) runs every instruction whole; its overlapped
+    # instructions, if any, are checked below like the 1F1B plan's.
+    kinds = {bool(x[3]) for res in results for x in res["hook_order"]}
+    if plan_json["parallel"].get("virtual_pipeline", 1) == 1:
+        if kinds != {False, True}:
+            fail(f"the plan's instructions are all "
+                 f"{'sequential' if True in kinds else 'overlapped'}: the test needs both kinds")
+        if not any(e["op_index"] >= 0 for res in results for e in res["trace"]):
+            fail("the executor launched no overlapped collective on any rank")
+    print(f"instructions: {'sequential ' if True in kinds else ''}"
+          f"{'overlapped' if False in kinds else ''}", flush=True)
     for res in results:
         rank = res["rank"]
+        # The plan's order is the schedule's, and for the interleaved workload both are the
+        # hand-written list below (p = 2, v = 2, m = 4; tests/runtime/c_api_test.cc has the same).
+        plan_order = [tuple(x) for x in res["plan_order"]]
+        if plan_order != [tuple(x) for x in res["schedule_order"]]:
+            fail(f"rank {rank}: plan order {plan_order} is not the schedule's "
+                 f"{res['schedule_order']}")
+        if res["chunks"] == 2 and plan_order != INTERLEAVED_P2_V2_M4[res["stage"]]:
+            fail(f"rank {rank}: order {plan_order}, expected {INTERLEAVED_P2_V2_M4[res['stage']]}")
         # Losses (last stage computes them).
         pl, nl = res["plain_losses"], res["nano_losses"]
         if len(pl) != len(nl):
@@ -342,19 +395,20 @@ def driver(args) -> None:
                 cur = []
         if cur or len(chunks) != len(order):
             fail(f"rank {rank}: trace has {len(chunks)} instructions, plan {len(order)}")
-        for (kind, m, sequential), chunk in zip(order, chunks):
+        for (kind, c, m, sequential), chunk in zip(order, chunks):
             overlapped = [e for e in chunk if e["op_index"] >= 0]
             if sequential and overlapped:
-                fail(f"rank {rank}: {kind} {m} is sequential in the plan but overlapped "
-                     f"{len(overlapped)} collectives")
+                fail(f"rank {rank}: {kind} {m} (chunk {c}) is sequential in the plan but "
+                     f"overlapped {len(overlapped)} collectives")
             if not sequential and not overlapped:
-                fail(f"rank {rank}: {kind} {m} is overlapped in the plan but ran in sequence")
+                fail(f"rank {rank}: {kind} {m} (chunk {c}) is overlapped in the plan but ran in "
+                     "sequence")
             for e in chunk:
                 if e["direction"] != kind:
                     fail(f"rank {rank}: {kind} {m}: a {e['direction']} collective in its trace")
                 if e["op_index"] < 0:
                     continue
-                want, want_sms = want_ops[f"{kind}/{m}/{e['key']}"]
+                want, want_sms = want_ops[f"{kind}/{c}/{m}/{e['key']}"]
                 if e["op"] != want:
                     fail(f"rank {rank}: {kind} {m} {e['key']}#{e['occurrence']}: collective "
                          f"launched before '{e['op']}', the plan's slot op is '{want}'")

@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """The Python module `kareus` (pybind11 over the C API): plans, hooks, controller, errors.
 
-Plans are made by the CLI for the tiny TP=2, PP=2 workload; expected values are read from the
-plan JSON independently of the module.
+Plans are made by the CLI for the tiny TP=2, PP=2 workload and its interleaved counterpart
+(tiny_tp2_pp2_vp2.yaml next to it: two model chunks per stage); expected values are read from the
+plan JSON independently of the module, and the interleaved order is written out by hand.
 
 Usage: module_test.py --kareus BIN/kareus --workload tiny_tp2_pp2.yaml --workdir DIR
 """
@@ -17,20 +18,37 @@ import unittest
 ARGS = None
 
 
-def setUpModule():
-    global PLAN, PLAN_JSON
-    os.makedirs(ARGS.workdir, exist_ok=True)
-    PLAN = os.path.join(ARGS.workdir, "plan.json")
+F, B = "forward", "backward"
+#: Interleaved 1F1B for 2 stages, 2 chunks, 4 micro-batches: (kind, chunk, micro-batch) per stage.
+INTERLEAVED_P2_V2_M4 = [
+    [(F, 0, 0), (F, 0, 1), (F, 1, 0), (F, 1, 1), (F, 0, 2), (B, 1, 0), (F, 0, 3), (B, 1, 1),
+     (F, 1, 2), (B, 0, 0), (F, 1, 3), (B, 0, 1), (B, 1, 2), (B, 1, 3), (B, 0, 2), (B, 0, 3)],
+    [(F, 0, 0), (F, 0, 1), (F, 1, 0), (B, 1, 0), (F, 1, 1), (B, 1, 1), (F, 0, 2), (B, 0, 0),
+     (F, 0, 3), (B, 0, 1), (F, 1, 2), (B, 1, 2), (F, 1, 3), (B, 1, 3), (B, 0, 2), (B, 0, 3)],
+]
+
+
+def make_plan(workload, out):
     # Clock switches free (the paper's model): this workload's instructions last well under a
     # switch, so with the catalogue's cost the plan would keep one clock, and a clock sequence is
     # what is tested here.
-    r = subprocess.run([ARGS.kareus, "plan", ARGS.workload, "--min-energy", "--no-fallback",
-                        "--clock-switch-ms", "0", "--out", PLAN],
+    r = subprocess.run([ARGS.kareus, "plan", workload, "--min-energy", "--no-fallback",
+                        "--clock-switch-ms", "0", "--out", out],
                        capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
         raise RuntimeError(f"kareus plan failed: {r.stderr}")
-    with open(PLAN) as f:
-        PLAN_JSON = json.load(f)
+    with open(out) as f:
+        return json.load(f)
+
+
+def setUpModule():
+    global PLAN, PLAN_JSON, VP_WORKLOAD, VP_PLAN, VP_PLAN_JSON
+    os.makedirs(ARGS.workdir, exist_ok=True)
+    PLAN = os.path.join(ARGS.workdir, "plan.json")
+    PLAN_JSON = make_plan(ARGS.workload, PLAN)
+    VP_WORKLOAD = os.path.join(os.path.dirname(ARGS.workload), "tiny_tp2_pp2_vp2.yaml")
+    VP_PLAN = os.path.join(ARGS.workdir, "plan_vp2.json")
+    VP_PLAN_JSON = make_plan(VP_WORKLOAD, VP_PLAN)
 
 
 class PlanTest(unittest.TestCase):
@@ -49,8 +67,9 @@ class PlanTest(unittest.TestCase):
             got = plan.instructions(s)
             self.assertEqual(len(got), len(want))
             for g, w in zip(got, want):
-                self.assertEqual((g.kind, g.microbatch, g.freq_mhz),
-                                 (w["instruction"], w["microbatch"], w["freq_mhz"]))
+                self.assertEqual((g.kind, g.microbatch, g.chunk, g.freq_mhz),
+                                 (w["instruction"], w["microbatch"], w.get("chunk", 0),
+                                  w["freq_mhz"]))
                 self.assertEqual(sorted(g.partitions), sorted(w["partitions"]))
                 # Sequential exactly where the JSON says so; such an instruction has no
                 # partitions.
@@ -71,6 +90,9 @@ class PlanTest(unittest.TestCase):
                              [w["freq_mhz"] for w in want])
         s = plan.settings(1, "backward", 2)
         self.assertEqual((s.kind, s.microbatch), ("backward", 2))
+        self.assertEqual((plan.chunks, plan.schedule), (1, "1f1b"))
+        self.assertEqual(plan.workload["virtual_pipeline"], 1)
+        self.assertEqual([plan.chunk_layers(s, 0) for s in range(2)], [(1, 0), (1, 1)])
 
     def test_errors_are_typed_exceptions_with_the_message(self):
         import kareus
@@ -120,6 +142,12 @@ class HooksTest(unittest.TestCase):
         self.assertEqual(hooks.position, (1, False))
         hooks.reset()
         self.assertEqual(hooks.position, (0, False))
+        # chunk=0 is the same instruction; another chunk does not exist in a 1F1B plan.
+        self.assertEqual(hooks.on_instruction_begin("forward", 0, chunk=0).chunk, 0)
+        hooks.on_instruction_end("forward", 0, chunk=0)
+        with self.assertRaises(kareus.ArgumentError):
+            hooks.on_instruction_begin("forward", 1, chunk=1)
+        self.assertEqual(hooks.chunks, 1)
 
     def test_controller_gets_the_clocks_and_stops(self):
         import kareus
@@ -256,6 +284,77 @@ def process_alive(pid):
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+class ScheduleTest(unittest.TestCase):
+    def test_schedule_order_is_the_cpp_schedule(self):
+        import kareus
+
+        self.assertEqual(kareus.schedule_order(2, 2, 4, 0), INTERLEAVED_P2_V2_M4[0])
+        self.assertEqual(kareus.schedule_order(2, 2, 4, 1), INTERLEAVED_P2_V2_M4[1])
+        self.assertEqual(kareus.schedule_order(2, 1, 4, 1),
+                         [(F, 0, 0), (B, 0, 0), (F, 0, 1), (B, 0, 1), (F, 0, 2), (B, 0, 2),
+                          (F, 0, 3), (B, 0, 3)])
+        self.assertEqual(kareus.schedule_name(2, 2, 4), "interleaved-1f1b")
+        self.assertEqual(kareus.schedule_name(2, 1, 4), "1f1b")
+        with self.assertRaises(kareus.InvalidInputError) as cm:
+            kareus.schedule_order(2, 2, 3, 0)
+        self.assertIn("multiple of the pipeline stages", str(cm.exception))
+        with self.assertRaises(kareus.ArgumentError):
+            kareus.schedule_order(2, 2, 4, 2)
+
+    def test_torch_module_has_no_order_of_its_own(self):
+        import kareus.torch as kt
+
+        self.assertFalse(hasattr(kt, "one_f_one_b_order"))
+
+
+class InterleavedTest(unittest.TestCase):
+    def test_plan_holds_the_interleaved_order_with_chunks(self):
+        import kareus
+
+        plan = kareus.Plan(VP_PLAN, VP_WORKLOAD)
+        self.assertEqual((plan.chunks, plan.schedule), (2, "interleaved-1f1b"))
+        self.assertEqual(plan.workload["virtual_pipeline"], 2)
+        self.assertEqual(plan.workload["stage_layers"], [2, 2])
+        for s in range(2):
+            got = [(i.kind, i.chunk, i.microbatch) for i in plan.instructions(s)]
+            self.assertEqual(got, INTERLEAVED_P2_V2_M4[s])
+            self.assertEqual(got, [(w["instruction"], w["chunk"], w["microbatch"])
+                                   for w in VP_PLAN_JSON["stages"][s]["instructions"]])
+            # One layer per virtual stage: chunk c of stage s is layer 2 c + s.
+            self.assertEqual([plan.chunk_layers(s, c) for c in range(2)], [(1, s), (1, 2 + s)])
+            ins = plan.settings(s, "backward", 1, chunk=1)
+            self.assertEqual((ins.kind, ins.chunk, ins.microbatch), ("backward", 1, 1))
+            self.assertEqual(ins.index, INTERLEAVED_P2_V2_M4[s].index((B, 1, 1)))
+        with self.assertRaises(kareus.OrderError) as cm:
+            plan.settings(0, "backward", 1)
+        self.assertIn("kareus_plan_find_instruction_chunk", str(cm.exception))
+
+    def test_hooks_follow_the_interleaved_order(self):
+        import kareus
+        import kareus.torch as kt
+
+        plan = kareus.Plan(VP_PLAN, VP_WORKLOAD)
+        hooks = kt.PipelineHooks(plan, 0)  # stage 0
+        self.assertEqual(hooks.chunks, 2)
+        self.assertEqual(hooks.order, INTERLEAVED_P2_V2_M4[0])
+        with self.assertRaises(kareus.OrderError) as cm:
+            hooks.on_instruction_begin("forward", 0)  # no chunk: ambiguous
+        self.assertIn("kareus_instruction_begin_chunk", str(cm.exception))
+        want = VP_PLAN_JSON["stages"][0]["instructions"]
+        for n, (kind, c, m) in enumerate(INTERLEAVED_P2_V2_M4[0]):
+            if n == 2:  # F(chunk 1, mb 0) is next: chunk 0 is refused, naming what is expected
+                with self.assertRaises(kareus.OrderError) as cm:
+                    hooks.on_instruction_begin("forward", 0, 0)
+                self.assertIn("interleaved-1f1b order runs forward of micro-batch 0 (chunk 1)",
+                              str(cm.exception))
+            s = hooks.on_instruction_begin(kind, m, c)
+            self.assertEqual((s.kind, s.chunk, s.microbatch), (kind, c, m))
+            self.assertEqual(s.freq_mhz, want[n]["freq_mhz"])
+            self.assertEqual(hooks.open_instruction, (kind, c, m))
+            hooks.on_instruction_end(kind, m, c)
+        self.assertEqual(hooks._hooks.position, (0, False))
 
 
 class DocTest(unittest.TestCase):

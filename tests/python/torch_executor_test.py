@@ -154,9 +154,16 @@ def rank_main(rank: int, workdir: str) -> None:
         stack(x0)
     except RuntimeError as e:
         errors["wrong kind"] = str(e)
+    hooks.current = kt.InstructionSettings("forward", 0, chunk=1)
+    try:
+        stack(x0)  # the stack is chunk 0's
+    except RuntimeError as e:
+        errors["wrong chunk"] = str(e)
     hooks.current = None
     want = {"unknown slot": "allowed: norm, qkv, rope, attn", "odd micro-batch": "even",
-            "wrong kind": "ran its forward"}
+            "wrong kind": "ran its forward",
+            "wrong chunk": "stack of chunk 0 ran its forward while the hooks' open instruction "
+                           "is forward of micro-batch 0 (chunk 1)"}
     for k, text in want.items():
         if text not in errors.get(k, ""):
             raise AssertionError(f"{k}: expected an error containing '{text}', got "

@@ -1,6 +1,7 @@
 // The C API (include/kareus/c_api.h) called as a C program would: status codes, the thread-local
 // last-error text, the rank -> stage mapping, instruction settings against the plan JSON read
-// independently, the order check of the instruction hooks, and the clocks an attached dry-run
+// independently, the order check of the instruction hooks (synchronous and interleaved 1F1B
+// plans), the schedule's order against hand-written lists, and the clocks an attached dry-run
 // controller receives.
 #include "kareus/c_api.h"
 
@@ -10,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "fakes/fake_nvml_util.h"
@@ -117,6 +119,7 @@ TEST_F(CApi, RankMappingAndInstructionsMatchThePlanJson) {
       ASSERT_EQ(kareus_plan_instruction(p, i, &info), KAREUS_OK) << kareus_last_error();
       EXPECT_EQ(info.kind, want["instruction"] == "forward" ? KAREUS_FORWARD : KAREUS_BACKWARD);
       EXPECT_EQ(info.microbatch, want["microbatch"].get<int>());
+      EXPECT_EQ(info.chunk, 0);
       EXPECT_EQ(info.freq_mhz, want["freq_mhz"].get<int>());
       EXPECT_DOUBLE_EQ(info.start_s, want["start_s"].get<double>());
       ASSERT_EQ(static_cast<std::size_t>(info.partition_count), want["partitions"].size());
@@ -137,7 +140,20 @@ TEST_F(CApi, RankMappingAndInstructionsMatchThePlanJson) {
       int found = -1;
       ASSERT_EQ(kareus_plan_find_instruction(p, info.kind, info.microbatch, &found), KAREUS_OK);
       EXPECT_EQ(found, i);
+      ASSERT_EQ(kareus_plan_find_instruction_chunk(p, info.kind, 0, info.microbatch, &found),
+                KAREUS_OK);
+      EXPECT_EQ(found, i);
     }
+    int chunks = 0;
+    ASSERT_EQ(kareus_plan_chunks(p, &chunks), KAREUS_OK);
+    EXPECT_EQ(chunks, 1);
+    const char* schedule = nullptr;
+    ASSERT_EQ(kareus_plan_schedule_name(p, &schedule), KAREUS_OK);
+    EXPECT_STREQ(schedule, "1f1b");
+    int layers = 0, first_layer = -1;
+    ASSERT_EQ(kareus_plan_chunk_layers(p, 0, &layers, &first_layer), KAREUS_OK);
+    EXPECT_EQ(layers, 1);
+    EXPECT_EQ(first_layer, stage);
     kareus_workload_shape w;
     ASSERT_EQ(kareus_plan_workload_shape(p, &w), KAREUS_OK);
     EXPECT_EQ(w.hidden, 64);
@@ -146,6 +162,7 @@ TEST_F(CApi, RankMappingAndInstructionsMatchThePlanJson) {
     EXPECT_EQ(w.micro_batches, 4);
     EXPECT_EQ(w.stage_layers, 1);
     EXPECT_EQ(w.recompute, 1);
+    EXPECT_EQ(w.virtual_pipeline, 1);
     kareus_plan_close(p);
   }
 }
@@ -165,6 +182,13 @@ TEST_F(CApi, QueriesOutOfRangeAreArgumentErrors) {
   EXPECT_EQ(kareus_plan_find_instruction(p, 7, 0, &index), KAREUS_ERR_ARGUMENT);
   EXPECT_NE(std::string(kareus_last_error()).find("kind 7"), std::string::npos);
   EXPECT_EQ(kareus_plan_find_instruction(p, KAREUS_FORWARD, 9, &index), KAREUS_ERR_ARGUMENT);
+  EXPECT_EQ(kareus_plan_find_instruction_chunk(p, KAREUS_FORWARD, 1, 0, &index),
+            KAREUS_ERR_ARGUMENT);
+  EXPECT_NE(std::string(kareus_last_error()).find("chunk 1: the plan's stages hold 1 model chunk"),
+            std::string::npos)
+      << kareus_last_error();
+  EXPECT_EQ(kareus_instruction_begin_chunk(p, KAREUS_FORWARD, 1, 0), KAREUS_ERR_ARGUMENT);
+  EXPECT_EQ(kareus_plan_chunk_layers(p, 1, nullptr, nullptr), KAREUS_ERR_ARGUMENT);
   int stage = 0;
   EXPECT_EQ(kareus_plan_stage_of_rank(p, 3, &stage), KAREUS_OK);
   EXPECT_EQ(stage, 1);
@@ -180,7 +204,8 @@ TEST_F(CApi, HooksEnforceThePlansOrderAndWrapAround) {
   EXPECT_EQ(kareus_instruction_end(p, KAREUS_FORWARD, 0), KAREUS_ERR_ORDER) << "end before begin";
   EXPECT_NE(std::string(kareus_last_error()).find("without a begin"), std::string::npos);
   EXPECT_EQ(kareus_instruction_begin(p, KAREUS_BACKWARD, 0), KAREUS_ERR_ORDER);
-  EXPECT_NE(std::string(kareus_last_error()).find("runs forward of micro-batch 0"),
+  EXPECT_NE(std::string(kareus_last_error())
+                .find("the plan's 1f1b order runs forward of micro-batch 0 (chunk 0)"),
             std::string::npos)
       << kareus_last_error();
   ASSERT_EQ(kareus_instruction_begin(p, KAREUS_FORWARD, 0), KAREUS_OK) << kareus_last_error();
@@ -196,14 +221,253 @@ TEST_F(CApi, HooksEnforceThePlansOrderAndWrapAround) {
   const std::vector<std::pair<int, int>> order = {
       {KAREUS_FORWARD, 1}, {KAREUS_BACKWARD, 0}, {KAREUS_FORWARD, 2},  {KAREUS_BACKWARD, 1},
       {KAREUS_FORWARD, 3}, {KAREUS_BACKWARD, 2}, {KAREUS_BACKWARD, 3}, {KAREUS_FORWARD, 0}};
-  for (const auto& [kind, mb] : order) {
-    ASSERT_EQ(kareus_instruction_begin(p, kind, mb), KAREUS_OK) << kareus_last_error();
-    ASSERT_EQ(kareus_instruction_end(p, kind, mb), KAREUS_OK) << kareus_last_error();
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const auto [kind, mb] = order[i];
+    if (i % 2) {  // the chunk-0 forms and the _chunk forms with chunk 0 are the same hooks
+      ASSERT_EQ(kareus_instruction_begin_chunk(p, kind, 0, mb), KAREUS_OK) << kareus_last_error();
+      ASSERT_EQ(kareus_instruction_end_chunk(p, kind, 0, mb), KAREUS_OK) << kareus_last_error();
+    } else {
+      ASSERT_EQ(kareus_instruction_begin(p, kind, mb), KAREUS_OK) << kareus_last_error();
+      ASSERT_EQ(kareus_instruction_end(p, kind, mb), KAREUS_OK) << kareus_last_error();
+    }
   }
   ASSERT_EQ(kareus_plan_position(p, &next, &is_open), KAREUS_OK);
   EXPECT_EQ(next, 1) << "the second iteration continues after its first forward";
   ASSERT_EQ(kareus_plan_reset_position(p), KAREUS_OK);
   EXPECT_EQ(kareus_instruction_begin(p, KAREUS_FORWARD, 0), KAREUS_OK);
+  kareus_plan_close(p);
+}
+
+using Order = std::vector<std::tuple<int, int, int>>;  // (kind, chunk, microbatch)
+constexpr int F = KAREUS_FORWARD, B = KAREUS_BACKWARD;
+
+// Interleaved 1F1B for p = 2 stages, v = 2 chunks, m = 4 micro-batches, written out by hand
+// from Megatron-LM's rule (forward pass k is chunk (k mod 4) / 2 of micro-batch 2 (k / 4) +
+// k mod 2, backwards take the chunks in reverse; warm-up (p - s - 1) * 2 + (v - 1) * p).
+const Order kInterleaved[2] = {{{F, 0, 0},
+                                {F, 0, 1},
+                                {F, 1, 0},
+                                {F, 1, 1},
+                                {F, 0, 2},
+                                {B, 1, 0},
+                                {F, 0, 3},
+                                {B, 1, 1},
+                                {F, 1, 2},
+                                {B, 0, 0},
+                                {F, 1, 3},
+                                {B, 0, 1},
+                                {B, 1, 2},
+                                {B, 1, 3},
+                                {B, 0, 2},
+                                {B, 0, 3}},
+                               {{F, 0, 0},
+                                {F, 0, 1},
+                                {F, 1, 0},
+                                {B, 1, 0},
+                                {F, 1, 1},
+                                {B, 1, 1},
+                                {F, 0, 2},
+                                {B, 0, 0},
+                                {F, 0, 3},
+                                {B, 0, 1},
+                                {F, 1, 2},
+                                {B, 1, 2},
+                                {F, 1, 3},
+                                {B, 1, 3},
+                                {B, 0, 2},
+                                {B, 0, 3}}};
+
+Order schedule_order(int stages, int chunks, int mbs, int stage) {
+  int n = 0;
+  EXPECT_EQ(kareus_schedule_order(stages, chunks, mbs, stage, nullptr, 0, &n), KAREUS_OK)
+      << kareus_last_error();
+  std::vector<kareus_scheduled_instruction> buf(static_cast<std::size_t>(n));
+  EXPECT_EQ(kareus_schedule_order(stages, chunks, mbs, stage, buf.data(), n, &n), KAREUS_OK);
+  Order out;
+  for (const auto& x : buf) out.emplace_back(x.kind, x.chunk, x.microbatch);
+  return out;
+}
+
+TEST(CApiSchedule, OrdersAreTheSchedulesAgainstHandWrittenLists) {
+  EXPECT_EQ(schedule_order(2, 2, 4, 0), kInterleaved[0]);
+  EXPECT_EQ(schedule_order(2, 2, 4, 1), kInterleaved[1]);
+  const Order one_f_one_b = {{F, 0, 0}, {F, 0, 1}, {B, 0, 0}, {F, 0, 2},
+                             {B, 0, 1}, {F, 0, 3}, {B, 0, 2}, {B, 0, 3}};
+  EXPECT_EQ(schedule_order(2, 1, 4, 0), one_f_one_b);
+  const char* name = nullptr;
+  ASSERT_EQ(kareus_schedule_name(2, 2, 4, &name), KAREUS_OK);
+  EXPECT_STREQ(name, "interleaved-1f1b");
+  ASSERT_EQ(kareus_schedule_name(2, 1, 4, &name), KAREUS_OK);
+  EXPECT_STREQ(name, "1f1b");
+
+  // A short buffer gets the first entries and the full count.
+  kareus_scheduled_instruction two[2] = {};
+  int n = 0;
+  ASSERT_EQ(kareus_schedule_order(2, 2, 4, 1, two, 2, &n), KAREUS_OK);
+  EXPECT_EQ(n, 16);
+  EXPECT_EQ(two[1].kind, F);
+  EXPECT_EQ(two[1].chunk, 0);
+  EXPECT_EQ(two[1].microbatch, 1);
+
+  EXPECT_EQ(kareus_schedule_order(2, 2, 3, 0, nullptr, 0, &n), KAREUS_ERR_INVALID_INPUT);
+  EXPECT_NE(std::string(kareus_last_error()).find("multiple of the pipeline stages"),
+            std::string::npos)
+      << kareus_last_error();
+  EXPECT_EQ(kareus_schedule_order(2, 2, 4, 2, nullptr, 0, &n), KAREUS_ERR_ARGUMENT);
+  EXPECT_EQ(kareus_schedule_order(2, 2, 4, 0, nullptr, 1, &n), KAREUS_ERR_ARGUMENT);
+}
+
+/// A plan of the interleaved tiny workload (2 chunks per stage), made by the CLI.
+class CApiInterleaved : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir();
+    const auto r = test::run_cli("plan " + workload() +
+                                 " --min-energy --no-fallback --clock-switch-ms 0 --out " +
+                                 dir_->file("plan.json"));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    json_ = new nlohmann::json(nlohmann::json::parse(test::read_file(dir_->file("plan.json"))));
+  }
+  static void TearDownTestSuite() {
+    delete json_;
+    delete dir_;
+  }
+  static std::string workload() {
+    return test::source_path("tests/runtime/data/tiny_tp2_pp2_vp2.yaml");
+  }
+  kareus_plan* open(int rank) {
+    kareus_plan* p = nullptr;
+    EXPECT_EQ(kareus_plan_open(dir_->file("plan.json").c_str(), workload().c_str(), rank, &p),
+              KAREUS_OK)
+        << kareus_last_error();
+    return p;
+  }
+  static test::TempDir* dir_;
+  static nlohmann::json* json_;
+};
+test::TempDir* CApiInterleaved::dir_ = nullptr;
+nlohmann::json* CApiInterleaved::json_ = nullptr;
+
+TEST_F(CApiInterleaved, InstructionsCarryTheirChunkInTheInterleavedOrder) {
+  EXPECT_EQ((*json_)["parallel"]["virtual_pipeline"].get<int>(), 2);
+  for (int rank = 0; rank < 4; ++rank) {
+    kareus_plan* p = open(rank);
+    ASSERT_NE(p, nullptr);
+    const int stage = rank / 2;
+    int chunks = 0;
+    ASSERT_EQ(kareus_plan_chunks(p, &chunks), KAREUS_OK);
+    EXPECT_EQ(chunks, 2);
+    const char* schedule = nullptr;
+    ASSERT_EQ(kareus_plan_schedule_name(p, &schedule), KAREUS_OK);
+    EXPECT_STREQ(schedule, "interleaved-1f1b");
+    int n = 0;
+    ASSERT_EQ(kareus_plan_instruction_count(p, &n), KAREUS_OK);
+    Order got;
+    const auto& ins = (*json_)["stages"][static_cast<std::size_t>(stage)]["instructions"];
+    ASSERT_EQ(static_cast<std::size_t>(n), ins.size());
+    for (int i = 0; i < n; ++i) {
+      kareus_instruction_info info{};
+      ASSERT_EQ(kareus_plan_instruction(p, i, &info), KAREUS_OK) << kareus_last_error();
+      got.emplace_back(info.kind, info.chunk, info.microbatch);
+      EXPECT_EQ(info.chunk, ins[static_cast<std::size_t>(i)]["chunk"].get<int>());
+      EXPECT_EQ(info.freq_mhz, ins[static_cast<std::size_t>(i)]["freq_mhz"].get<int>());
+      int found = -1;
+      ASSERT_EQ(
+          kareus_plan_find_instruction_chunk(p, info.kind, info.chunk, info.microbatch, &found),
+          KAREUS_OK)
+          << kareus_last_error();
+      EXPECT_EQ(found, i);
+    }
+    EXPECT_EQ(got, kInterleaved[stage]) << "rank " << rank;
+
+    // One layer per virtual stage: chunk c of stage s is layer c * 2 + s.
+    for (int c = 0; c < 2; ++c) {
+      int layers = 0, first_layer = -1;
+      ASSERT_EQ(kareus_plan_chunk_layers(p, c, &layers, &first_layer), KAREUS_OK);
+      EXPECT_EQ(layers, 1);
+      EXPECT_EQ(first_layer, c * 2 + stage);
+    }
+    kareus_workload_shape w{};
+    ASSERT_EQ(kareus_plan_workload_shape(p, &w), KAREUS_OK);
+    EXPECT_EQ(w.virtual_pipeline, 2);
+    EXPECT_EQ(w.stage_layers, 2) << "both chunks of the stage";
+    EXPECT_EQ(w.layers, 4);
+    kareus_plan_close(p);
+  }
+}
+
+TEST_F(CApiInterleaved, HooksFollowTheInterleavedOrderAndRefuseAWrongChunk) {
+  kareus_plan* p = open(2);  // stage 1
+  ASSERT_NE(p, nullptr);
+  const Order& order = kInterleaved[1];
+  for (int round = 0; round < 2; ++round) {  // wraps around into a second iteration
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      const auto [kind, chunk, mb] = order[i];
+      if (i == 2) {
+        // F(chunk 1, mb 0) is next: the same kind and micro-batch through the wrong chunk.
+        EXPECT_EQ(kareus_instruction_begin_chunk(p, F, 0, 0), KAREUS_ERR_ORDER);
+        const std::string err = kareus_last_error();
+        EXPECT_NE(err.find("begin of forward of micro-batch 0 (chunk 0), but the plan's "
+                           "interleaved-1f1b order runs forward of micro-batch 0 (chunk 1) "
+                           "(instruction 2 of 16) next"),
+                  std::string::npos)
+            << err;
+        EXPECT_NE(err.find("kareus_instruction_begin_chunk"), std::string::npos) << err;
+        int next = -1, is_open = -1;
+        ASSERT_EQ(kareus_plan_position(p, &next, &is_open), KAREUS_OK);
+        EXPECT_EQ(next, 2) << "a refused call changes nothing";
+        EXPECT_EQ(is_open, 0);
+      }
+      ASSERT_EQ(kareus_instruction_begin_chunk(p, kind, chunk, mb), KAREUS_OK)
+          << "instruction " << i << ": " << kareus_last_error();
+      if (i == 3) {  // B(chunk 1, mb 0) is open: ending it through chunk 0 is refused
+        EXPECT_EQ(kareus_instruction_end_chunk(p, B, 0, 0), KAREUS_ERR_ORDER);
+        EXPECT_NE(std::string(kareus_last_error())
+                      .find("end of backward of micro-batch 0 (chunk 0), but the open "
+                            "instruction is backward of micro-batch 0 (chunk 1)"),
+                  std::string::npos)
+            << kareus_last_error();
+      }
+      ASSERT_EQ(kareus_instruction_end_chunk(p, kind, chunk, mb), KAREUS_OK)
+          << "instruction " << i << ": " << kareus_last_error();
+    }
+    int next = -1, is_open = -1;
+    ASSERT_EQ(kareus_plan_position(p, &next, &is_open), KAREUS_OK);
+    EXPECT_EQ(next, 0);
+  }
+  EXPECT_EQ(kareus_instruction_begin_chunk(p, F, 2, 0), KAREUS_ERR_ARGUMENT);
+  EXPECT_NE(std::string(kareus_last_error()).find("chunk 2: the plan's stages hold 2 model chunks"),
+            std::string::npos)
+      << kareus_last_error();
+  kareus_plan_close(p);
+}
+
+TEST_F(CApiInterleaved, ChunklessFormsAreRefusedNamingTheChunkFunction) {
+  kareus_plan* p = open(0);
+  ASSERT_NE(p, nullptr);
+  // Even the instruction that is next (forward of micro-batch 0, chunk 0) is ambiguous here.
+  EXPECT_EQ(kareus_instruction_begin(p, F, 0), KAREUS_ERR_ORDER);
+  std::string err = kareus_last_error();
+  EXPECT_NE(err.find("call kareus_instruction_begin_chunk"), std::string::npos) << err;
+  EXPECT_NE(err.find("interleaved-1f1b schedule with 2 model chunks"), std::string::npos) << err;
+  EXPECT_NE(err.find("next in the plan: forward of micro-batch 0 (chunk 0)"), std::string::npos)
+      << err;
+  int next = -1, is_open = -1;
+  ASSERT_EQ(kareus_plan_position(p, &next, &is_open), KAREUS_OK);
+  EXPECT_EQ(is_open, 0);
+  ASSERT_EQ(kareus_instruction_begin_chunk(p, F, 0, 0), KAREUS_OK) << kareus_last_error();
+  EXPECT_EQ(kareus_instruction_end(p, F, 0), KAREUS_ERR_ORDER);
+  EXPECT_NE(std::string(kareus_last_error()).find("call kareus_instruction_end_chunk"),
+            std::string::npos)
+      << kareus_last_error();
+  ASSERT_EQ(kareus_instruction_end_chunk(p, F, 0, 0), KAREUS_OK) << kareus_last_error();
+  int index = -1;
+  EXPECT_EQ(kareus_plan_find_instruction(p, B, 0, &index), KAREUS_ERR_ORDER);
+  EXPECT_NE(std::string(kareus_last_error()).find("call kareus_plan_find_instruction_chunk"),
+            std::string::npos)
+      << kareus_last_error();
+  ASSERT_EQ(kareus_plan_find_instruction_chunk(p, B, 0, 0, &index), KAREUS_OK);
+  EXPECT_EQ(index, 9);  // kInterleaved[0][9] is B(chunk 0, mb 0)
   kareus_plan_close(p);
 }
 

@@ -203,6 +203,10 @@ TEST(Formats, DocumentedKeysAreExactlyTheEmittedOnes) {
                                 tmp.file("plan.json") + fast));
   c.add("plan", read_json(tmp.file("plan.json")));
   c.add("plan show --json", run_json("plan show " + tmp.file("plan.json") + " --json"));
+  // Data-parallel collectives appear in plans of jobs with dp > 1.
+  const std::string dp = test::source_path("workloads/examples/llama3.2-3b_h100_tp4_sp_dp2.yaml");
+  run_json("plan " + dp + " --max-throughput --json --out " + tmp.file("dp.json") + fast);
+  c.add("plan", read_json(tmp.file("dp.json")));
   c.add("emulate --json", run_json("emulate " + qwen + " --schedule nanobatch --json"));
   c.add("emulate --json",
         run_json("emulate " + qwen + " --plan " + tmp.file("plan.json") + " --json"));

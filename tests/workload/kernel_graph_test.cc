@@ -89,11 +89,33 @@ TEST(KernelGraph, SequenceAndDataParallel) {
   }
   EXPECT_TRUE(has_ag);
   EXPECT_TRUE(has_rs);
-  ASSERT_FALSE(g.stages[0].per_iteration.empty());
-  const auto& dp = g.stages[0].per_iteration[0];
-  EXPECT_EQ(dp.group, CommGroup::kDp);
-  EXPECT_EQ(dp.group_size, 2);
-  EXPECT_GT(dp.payload_bytes, 0);
+  // ZeRO-1 with overlap (the default): no sequential DP segment (only the tied embedding's
+  // reduction, pp = 2); the chunk's whole parameter count in fp32 gradients and bf16 parameters.
+  ASSERT_EQ(g.stages[0].per_iteration.size(), 1u);
+  EXPECT_EQ(g.stages[0].per_iteration[0].group, CommGroup::kEmbedding);
+  ASSERT_TRUE(g.stages[0].dp.has_value());
+  const DpComm& dp = *g.stages[0].dp;
+  EXPECT_TRUE(dp.overlapped);
+  for (const Kernel* k : {&dp.grad_reduce_scatter, &dp.param_all_gather}) {
+    EXPECT_EQ(k->group, CommGroup::kDp);
+    EXPECT_EQ(k->group_size, 2);
+  }
+  EXPECT_EQ(dp.grad_reduce_scatter.collective, CollectiveKind::kReduceScatter);
+  EXPECT_EQ(dp.param_all_gather.collective, CollectiveKind::kAllGather);
+  // Llama 3.2 3B over tp 4, stage 0 of 2, from the shape by hand: 14 layers' matrices / 4 with
+  // their two norms replicated, and the embedding.
+  const double h = 3072, f = 8192, a = 24, g_kv = 8, d = 128, v = 128256, t = 4;
+  const double layer = (h * (a + 2 * g_kv) * d + a * d * h + 3 * h * f) / t + 2 * h;
+  EXPECT_NEAR(dp.params, 14 * layer + v * h / t, 1e-6 * dp.params);
+  EXPECT_NEAR(dp.grad_reduce_scatter.payload_bytes, 4 * dp.params, 1);
+  EXPECT_NEAR(dp.param_all_gather.payload_bytes, 2 * dp.params, 1);
+  // Without overlap both run once per iteration after the last instruction.
+  Workload seq = w;
+  seq.parallel.overlap_dp_comm = false;
+  const auto gs = build_kernel_graph(seq);
+  ASSERT_EQ(gs.stages[0].per_iteration.size(), 3u);
+  EXPECT_EQ(gs.stages[0].per_iteration[0].name, "dp_grad_reducescatter");
+  EXPECT_EQ(gs.stages[0].per_iteration[1].name, "dp_param_allgather");
 }
 
 }  // namespace

@@ -42,6 +42,10 @@ nlohmann::json workload_json(const Workload& w, const PartitionSet& ps) {
   j["gpus"] = w.cluster.gpus();
   j["model_flops_per_iteration"] = ps.graph.model_flops_per_iteration;
   j["hardware_flops_per_iteration"] = ps.graph.hardware_flops_per_iteration;
+  const Schedule sched = w.schedule();
+  j["schedule"] = {{"name", sched.name()},
+                   {"virtual_pipeline", sched.chunks()},
+                   {"ideal_bubble_fraction", sched.bubble_fraction()}};
   j["partitions"] = nlohmann::json::array();
   for (const auto& p : ps.partitions) {
     nlohmann::json pj;
@@ -134,6 +138,12 @@ std::string workload_text(const Workload& w, const PartitionSet& ps) {
       w.parallel.tp, w.parallel.cp, w.parallel.pp, w.parallel.dp,
       w.parallel.sequence_parallel ? " (sequence parallel)" : "", w.batch.micro_batch,
       w.batch.seq_len, w.batch.micro_batches, w.batch.nano_batches);
+  const Schedule sched = w.schedule();
+  out += fmt::format(
+      "schedule {}{}: ideal bubble (p-1)/(v*m) = {:.1f}% of the compute\n", sched.name(),
+      sched.interleaved() ? fmt::format(", {} model chunks per stage", sched.chunks())
+                          : std::string(),
+      100 * sched.bubble_fraction());
   out += fmt::format("model FLOPs per iteration {}, hardware FLOPs (with recompute) {}\n\n",
                      human_flops(ps.graph.model_flops_per_iteration),
                      human_flops(ps.graph.hardware_flops_per_iteration));
