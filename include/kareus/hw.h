@@ -50,7 +50,7 @@ struct GpuSpec {
   /// Every supported SM clock, ascending.
   std::vector<int> supported_freqs_mhz() const;
   /// The default search frequencies, descending from search_max_freq_mhz (artifact order).
-  std::vector<int> search_freqs_mhz() const;
+  std::vector<int> candidate_freqs_mhz() const;
   bool supports_freq(int freq_mhz) const;
   /// "<name> supports <min>..<max> MHz in <step> MHz steps": the one wording of the clock rule.
   std::string supported_freqs_text() const;

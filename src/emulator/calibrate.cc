@@ -101,7 +101,7 @@ std::vector<int> perseus_slowest_clocks(const Workload& w, const EmulatorModel& 
     for (InstructionKind kind : {InstructionKind::kForward, InstructionKind::kBackward}) {
       int best_f = m.gpu().max_freq_mhz;
       double best_j = std::numeric_limits<double>::infinity();
-      for (int f : m.gpu().search_freqs_mhz()) {
+      for (int f : m.gpu().candidate_freqs_mhz()) {
         InstructionSettings st;
         st.freq_mhz = f;
         const InstructionCost c =

@@ -180,7 +180,7 @@ std::vector<int> GpuSpec::supported_freqs_mhz() const {
   return out;
 }
 
-std::vector<int> GpuSpec::search_freqs_mhz() const {
+std::vector<int> GpuSpec::candidate_freqs_mhz() const {
   std::vector<int> out;
   for (int f = search_max_freq_mhz; f >= search_min_freq_mhz; f -= search_step_mhz) {
     out.push_back(f);

@@ -85,7 +85,7 @@ Planner::Planner(const Workload& w, CachedProfiler& profiler, PlannerOptions o,
       profiler_(profiler),
       o_(std::move(o)),
       progress_(std::move(progress)) {
-  freqs_ = o_.freqs_mhz.empty() ? w_.gpu().search_freqs_mhz() : o_.freqs_mhz;
+  freqs_ = o_.freqs_mhz.empty() ? w_.gpu().candidate_freqs_mhz() : o_.freqs_mhz;
   if (const auto fixed = profiler_.backend().fixed_freq_mhz()) {
     // A real GPU without clock control can only be measured at the clock it runs.
     if (!o_.freqs_mhz.empty() && o_.freqs_mhz != std::vector<int>{*fixed}) {

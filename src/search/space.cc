@@ -26,7 +26,7 @@ PartitionConfig SearchSpace::at(std::size_t index) const {
 
 SearchSpace make_search_space(const Partition& p, const GpuSpec& gpu, const SpaceOptions& o) {
   SearchSpace s;
-  s.freqs_mhz = o.freqs_mhz.empty() ? gpu.search_freqs_mhz() : o.freqs_mhz;
+  s.freqs_mhz = o.freqs_mhz.empty() ? gpu.candidate_freqs_mhz() : o.freqs_mhz;
   s.sms = o.sms.empty() ? default_collective_sms(p.collective.collective) : o.sms;
   // NCCL's default CTA count is the Nanobatching baseline's setting: the space must hold it so
   // that Kareus's options contain the baseline's (H100's 32 CTAs lie outside every grid).

@@ -12,7 +12,7 @@ TEST(Catalogue, A100ClockTable) {
   ASSERT_EQ(f.size(), 81u);  // (1410 - 210) / 15 + 1
   EXPECT_EQ(f.front(), 210);
   EXPECT_EQ(f.back(), 1410);
-  const auto s = g.search_freqs_mhz();
+  const auto s = g.candidate_freqs_mhz();
   ASSERT_EQ(s.size(), 18u);  // 1410, 1380, ..., 900
   EXPECT_EQ(s.front(), 1410);
   EXPECT_EQ(s.back(), 900);
@@ -24,7 +24,7 @@ TEST(Catalogue, A100ClockTable) {
 }
 
 TEST(Catalogue, A40SearchRange) {
-  const auto s = gpu_by_name("a40").search_freqs_mhz();
+  const auto s = gpu_by_name("a40").candidate_freqs_mhz();
   EXPECT_EQ(s.front(), 1740);
   EXPECT_EQ(s.back(), 900);
   EXPECT_DOUBLE_EQ(gpu_by_name("a40").static_power_w, 70.0);
