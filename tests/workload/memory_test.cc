@@ -80,6 +80,30 @@ TEST(Memory, DistributedOptimizerAndSequenceParallelShrinkTheRightTerms) {
   EXPECT_DOUBLE_EQ(m.activations_bytes, 2 * 14 * 2 * sbh / 4 + 34 * sbh / 4);
 }
 
+// Interleaving keeps more, smaller passes in flight: stage 0 of p = 8, v = 2, m = 32 runs
+// (8 - 1) * 2 + (2 - 1) * 8 = 22 warm-up forwards, so it holds 23 chunk passes of 5 layers where
+// 1F1B holds 8 micro-batches of 10: (1 + (p - 1) / (p v)) = 23/16 times the layer inputs.
+TEST(Memory, InterleavingHoldsMoreChunkPassesInFlight) {
+  const Workload w1 = load_workload(
+      test::source_path("workloads/zoo/llama3.1-70b_h100_tp8_sp_pp8_seq4k_mb32.yaml"));
+  const Workload w2 = load_workload(
+      test::source_path("workloads/zoo/llama3.1-70b_h100_tp8_sp_pp8_vp2_seq4k_mb32.yaml"));
+  const MemoryEstimate m1 = estimate_memory(w1), m2 = estimate_memory(w2);
+  ASSERT_EQ(m1.stage, 0);
+  ASSERT_EQ(m2.stage, 0);
+  EXPECT_EQ(m1.inflight_microbatches, 8);
+  EXPECT_EQ(m2.inflight_microbatches, 23);
+  EXPECT_DOUBLE_EQ(m2.parameters, m1.parameters);  // the same layers, split into chunks
+  // Full recompute keeps the in-flight layer inputs x plus one layer's activations a, the same
+  // in both: 115 x + a against 80 x + a, so the difference gives x.
+  const double inputs1 = m1.activations_bytes, inputs2 = m2.activations_bytes;
+  const double x = (inputs2 - inputs1) / (23.0 * 5 - 8.0 * 10);
+  EXPECT_GT(x, 0);
+  EXPECT_NEAR(inputs2 - 23.0 * 5 * x, inputs1 - 8.0 * 10 * x, 1e-6 * inputs1);
+  // x is one layer input: 2 bytes x s x b x h / tp under sequence parallelism.
+  EXPECT_NEAR(x, 2.0 * 4096 * 2 * 8192 / 8, 1e-9 * x);
+}
+
 TEST(Memory, PaperSeventyBWorkloadsAreWhatIfEmulations) {
   for (const char* name : {"llama3.3-70b_tp8_mbs2_seq4096", "llama3.3-70b_tp8_mbs4_seq4096"}) {
     const Workload w = load_workload(test::paper_workload(name));
