@@ -85,6 +85,42 @@ batch: {micro_batch: 2, seq_len: 1024, micro_batches: 4}
   EXPECT_EQ(w.batch.nano_batches, 2);
 }
 
+TEST(Workload, VirtualPipelineSplitsLayersOverChunksAndChecksMegatronsRules) {
+  const std::string base = R"(
+model: llama3.2-3b
+gpu: a100-sxm4-40gb
+cluster: {nodes: 1, gpus_per_node: 8}
+parallel: {tp: 2, pp: 4, virtual_pipeline: VP}
+batch: {micro_batch: 2, seq_len: 1024, micro_batches: MB}
+)";
+  auto job = [&](const std::string& vp, const std::string& mb) {
+    std::string t = base;
+    t.replace(t.find("VP"), 2, vp);
+    t.replace(t.find("MB"), 2, mb);
+    return parse_workload(t, "vp.yaml");
+  };
+  // 28 layers over 4 x 2 chunks: the first four chunks take the remainder.
+  const Workload w = job("2", "8");
+  EXPECT_EQ(w.parallel.stage_layers, (std::vector<int>{4, 4, 4, 4, 3, 3, 3, 3}));
+  EXPECT_EQ(w.parallel.layers_of_stage(0), 7);
+  EXPECT_EQ(w.schedule().chunks(), 2);
+  auto error_of = [&](const std::string& vp, const std::string& mb) {
+    try {
+      job(vp, mb);
+    } catch (const InvalidInput& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(
+      error_of("2", "6").find("'parallel.virtual_pipeline': interleaved 1F1B runs "
+                              "micro-batches in groups of the pipeline size: "
+                              "batch.micro_batches (6) must be a multiple of parallel.pp (4)"),
+      std::string::npos);
+  EXPECT_NE(error_of("8", "8").find("4 * 8 = 32 model chunks for 28 layers"), std::string::npos);
+  EXPECT_NE(error_of("0", "8").find("parallel.virtual_pipeline"), std::string::npos);
+}
+
 // ---- Every error class: exit code 2 and a message naming the file and the key.
 
 const char* kGood = R"(model: llama3.2-3b
