@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "kareus/error.h"
 #include "test_util.h"
 
@@ -105,6 +107,15 @@ TEST(Timeline, DrawsAPngWithItsDataBeside) {
   EXPECT_EQ(bytes.substr(1, 3), "PNG");
   const auto data = nlohmann::json::parse(test::read_file(tmp.file("t.timeline.data.json")));
   EXPECT_EQ(data.at("panels")[0].at("stages").size(), 2u);
+  // The script written beside it is the repository's file, byte for byte.
+  bool found = false;
+  for (const auto& e : std::filesystem::directory_iterator(tmp.path())) {
+    if (e.path().extension() != ".py") continue;
+    found = true;
+    EXPECT_EQ(test::read_file(e.path().string()),
+              test::read_file(test::source_path("src/eval/plot_timeline.py")));
+  }
+  EXPECT_TRUE(found);
 }
 
 }  // namespace
