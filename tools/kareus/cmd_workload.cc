@@ -88,6 +88,18 @@ nlohmann::json workload_json(const Workload& w, const PartitionSet& ps) {
                  {"fits", m.fits()},
                  {"what_if", w.what_if}};
   j["warnings"] = workload_warnings(w);
+  j["dp_collectives"] = nlohmann::json::array();
+  for (std::size_t i = 0; i < ps.dp_grad_overlaps.size(); ++i) {
+    const auto& o = ps.dp_grad_overlaps[i];
+    nlohmann::json dj = {{"stage", o.stage},
+                         {"compute_trace_name", segment_trace_name(o.compute)},
+                         {"last_bucket_trace_name", segment_trace_name(o.exposed)}};
+    if (!o.no_overlap) dj["partition"] = o.overlapped.key;
+    if (i < ps.dp_param_gathers.size()) {
+      dj["param_allgather_trace_name"] = segment_trace_name(ps.dp_param_gathers[i]);
+    }
+    j["dp_collectives"].push_back(std::move(dj));
+  }
   j["segments"] = nlohmann::json::array();
   for (const auto& s : ps.segments) {
     nlohmann::json sj = {{"name", s.name},
@@ -181,6 +193,23 @@ std::string workload_text(const Workload& w, const PartitionSet& ps) {
         {seg.name, std::to_string(seg.stage), seg.instruction, segment_trace_name(seg), names});
   }
   out += s.render();
+  if (!ps.dp_grad_overlaps.empty()) {
+    // Measured at the maximum clock with NCCL's default CTAs (docs/design.md).
+    out +=
+        "\ndata-parallel collectives that overlap (measured at the maximum clock, NCCL's "
+        "default CTAs):\n";
+    TextTable d({"virtual stage", "gradient reduce-scatter partition", "slot", "compute alone",
+                 "last bucket", "parameter all-gather"});
+    for (std::size_t i = 0; i < ps.dp_grad_overlaps.size(); ++i) {
+      const auto& o = ps.dp_grad_overlaps[i];
+      d.add_row(
+          {std::to_string(o.stage), o.no_overlap ? "- (one bucket)" : o.overlapped.key,
+           o.no_overlap ? "-" : "first_bucket", segment_trace_name(o.compute),
+           segment_trace_name(o.exposed),
+           i < ps.dp_param_gathers.size() ? segment_trace_name(ps.dp_param_gathers[i]) : "-"});
+    }
+    out += d.render();
+  }
   out +=
       "\na trace (--backend trace) for planning needs a row per partition configuration the "
       "search measures and, per segment, a row at every clock: partition column = the trace "
