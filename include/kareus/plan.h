@@ -178,6 +178,10 @@ struct Plan {
 /// Reads a plan file and checks it without a workload (Plan::from_json), for tools that have
 /// none at hand. With a workload: load_plan in plan_check.h.
 Plan load_plan(const std::string& path);
+/// Throws the InvalidInput every plan check uses: "SOURCE: field 'PATH': WHAT" (the parser and
+/// validate_plan report a bad field the same way).
+[[noreturn]] void throw_plan_field_error(const std::string& source, const std::string& path,
+                                         const std::string& what);
 void save_plan(const Plan& p, const std::string& path);
 
 /// Human summary of a plan (`kareus plan show`): per stage the ranks, the run-length

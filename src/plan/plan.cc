@@ -34,7 +34,7 @@ class Reader {
  public:
   explicit Reader(const std::string& source) : source_(source) {}
   [[noreturn]] void fail(const std::string& path, const std::string& what) const {
-    throw InvalidInput(fmt::format("{}: field '{}': {}", source_, path, what));
+    throw_plan_field_error(source_, path, what);
   }
   const nlohmann::json& at(const nlohmann::json& j, const std::string& key,
                            const std::string& path) const {
@@ -477,6 +477,11 @@ InstructionSettings Plan::settings(int virtual_stage, InstructionKind kind, int 
   }
   throw InvalidInput(fmt::format("plan has no {} of micro-batch {} (chunk {}) on stage {}",
                                  to_string(kind), microbatch, chunk, stage));
+}
+
+void throw_plan_field_error(const std::string& source, const std::string& path,
+                            const std::string& what) {
+  throw InvalidInput(fmt::format("{}: field '{}': {}", source, path, what));
 }
 
 Plan load_plan(const std::string& path) {

@@ -23,12 +23,12 @@ std::string index_path(const std::string& path, std::size_t i) {
   return fmt::format("{}[{}]", path, i);
 }
 
-// Names the file and the JSON path of the field that fails a check (as the parser's Reader).
+// Names the file and the JSON path of the field that fails a check, as the parser does.
 class Reader {
  public:
   explicit Reader(const std::string& source) : source_(source) {}
   [[noreturn]] void fail(const std::string& path, const std::string& what) const {
-    throw InvalidInput(fmt::format("{}: field '{}': {}", source_, path, what));
+    throw_plan_field_error(source_, path, what);
   }
 
  private:
