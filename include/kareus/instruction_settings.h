@@ -16,11 +16,15 @@ namespace kareus {
 /// Largest SM count a collective may be given (NCCL's channel limit): the rule for SM counts
 /// in the search space, `kareus profile` and every plan.
 constexpr int kMaxCollectiveSms = 32;
+/// The SM count that runs a collective on the copy engines instead (NCCL >= 2.28,
+/// NCCL_CTA_POLICY_ZERO): allowed only where the partition's chain can (copy_engine_eligible in
+/// include/kareus/partition.h).
+constexpr int kCopyEngineSms = 0;
 
 /// The knobs of one partition. `slot` names one of Partition::slots.
 struct PartitionConfig {
   int freq_mhz = 0;
-  int sms = 0;  ///< SMs (one CTA each) given to the collective
+  int sms = 0;  ///< SMs (one CTA each) given to the collective; 0: the copy engines
   std::string slot;
   bool operator==(const PartitionConfig&) const = default;
 };

@@ -15,12 +15,14 @@
 namespace kareus {
 
 enum class OpKind { kGemm, kAttention, kNorm, kElementwise, kEmbedding, kLoss, kCollective };
-enum class CollectiveKind { kAllReduce, kAllGather, kReduceScatter, kP2P };
-enum class CommGroup { kTp, kCp, kPp, kDp, kEmbedding };
+enum class CollectiveKind { kAllReduce, kAllGather, kReduceScatter, kP2P, kAllToAll };
+/// kEp: the expert-parallel group of a mixture-of-experts layer (token dispatch and combine);
+/// kExpertDp: the ranks that hold the same experts (their gradients are reduced there).
+enum class CommGroup { kTp, kCp, kPp, kDp, kEmbedding, kEp, kExpertDp };
 
 const char* to_string(OpKind k);
 const char* to_string(CollectiveKind k);
-const char* short_name(CollectiveKind k);  ///< "ar", "ag", "rs", "p2p"
+const char* short_name(CollectiveKind k);  ///< "ar", "ag", "rs", "p2p", "a2a"
 const char* to_string(CommGroup g);
 
 /// One kernel on one GPU. Sizes are per GPU (after tensor/context sharding).
@@ -34,6 +36,9 @@ struct Kernel {
   /// GEMM shape (C[m,n] = A[m,k] B[k,n]); attention uses m = query rows x local heads, n = key
   /// rows, k = head dim.
   std::int64_t m = 0, n = 0, k = 0;
+  /// Independent GEMMs of this shape run as one grouped kernel (a mixture-of-experts layer's
+  /// local experts, m rows each); 1 for a plain GEMM.
+  int groups = 1;
 
   // Collectives only.
   CollectiveKind collective = CollectiveKind::kAllReduce;
@@ -42,11 +47,19 @@ struct Kernel {
   double payload_bytes = 0;  ///< size of the full buffer (AllReduce buffer, AllGather output,
                              ///< ReduceScatter input, P2P message)
   bool inter_node = false;   ///< the group spans nodes
+  /// Ranks of the group inside one node (all of them when !inter_node): an all-to-all sends
+  /// (group_size - node_ranks) / group_size of its buffer over the network.
+  int node_ranks = 1;
+  /// The collective may run on the copy engines with no SMs (NCCL >= 2.28's
+  /// NCCL_CTA_POLICY_ZERO on symmetric memory): an all-to-all inside one NVLink domain.
+  bool copy_engine = false;
 
   bool is_collective() const { return kind == OpKind::kCollective; }
   double bytes() const { return bytes_read + bytes_written; }
   /// Bytes each GPU sends over its links (ring algorithms): AllReduce 2(n-1)/n, AllGather and
-  /// ReduceScatter (n-1)/n, P2P the whole message.
+  /// ReduceScatter (n-1)/n, P2P the whole message; AllToAll (n-1)/n inside a node and the share
+  /// for ranks on other nodes, (n - node_ranks)/n, when the group spans nodes (the network is
+  /// the bottleneck; the NVLink share runs at the same time).
   double wire_bytes() const;
 };
 
@@ -109,7 +122,8 @@ struct StageGraph {
 struct KernelGraph {
   std::vector<StageGraph> stages;
   Kernel p2p;  ///< activation (forward) or gradient (backward) message between adjacent stages
-  double model_flops_per_iteration = 0;     ///< whole job, without recompute
+  double model_flops_per_iteration = 0;     ///< whole job, without recompute (routed experts:
+                                            ///< the top-k experts each token runs)
   double hardware_flops_per_iteration = 0;  ///< whole job, with the recomputed forward
 };
 

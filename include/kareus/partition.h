@@ -95,6 +95,16 @@ struct PartitionSet {
   const InstructionSteps& instruction(int stage, InstructionKind kind) const;
 };
 
+/// Whether the partition's communication chain can run with no SMs (kCopyEngineSms): every
+/// collective that moves data is copy-engine capable (Kernel::copy_engine) and at least one
+/// does; its small tail kernels then take the whole GPU in turn with the compute.
+bool copy_engine_eligible(const Partition& p);
+/// The one rule for a partition's SM count (search space, `kareus profile`, plans):
+/// 1..kMaxCollectiveSms, and kCopyEngineSms where copy_engine_eligible.
+bool sms_allowed(const Partition& p, int sms);
+/// "0 (copy engines) or 1..32" or "1..32 (NCCL's channel limit)", for error messages.
+std::string allowed_sms_text(const Partition& p);
+
 /// Cuts every instruction at its collectives and forms the partitions.
 PartitionSet partition_workload(const Workload& w);
 

@@ -1,9 +1,11 @@
 // The configuration space of a partition: SM clocks x SMs of the collective x launch slots.
 // Defaults follow the Kareus artifact on A100 (github.com/ml-energy/kareus): clocks from the GPU's
 // search range (1410..900 MHz in 30 MHz steps), AllReduce SMs 3, 6, ..., 30,
-// AllGather/ReduceScatter SMs 1..20, every launch slot of the partition; NCCL's default CTA
-// count (GpuSpec::nccl_default_channels, the Nanobatching baseline's setting) joins the SM grid
-// where it is missing, so that the space contains the baseline. Every list can be overridden.
+// AllGather/ReduceScatter SMs 1..20, AllToAll 2, 4, ..., 32 and 0 (the copy engines) where the
+// partition's chain allows it (copy_engine_eligible), every launch slot of the partition; NCCL's
+// default CTA count (GpuSpec::nccl_default_channels, the Nanobatching baseline's setting) joins the
+// SM grid where it is missing, so that the space contains the baseline. Every list can be
+// overridden.
 #pragma once
 
 #include <string>
@@ -41,6 +43,9 @@ inline std::vector<int> default_collective_sms(CollectiveKind kind) {
   std::vector<int> out;
   if (kind == CollectiveKind::kAllReduce) {
     for (int s = 3; s <= 30; s += 3) out.push_back(s);
+  } else if (kind == CollectiveKind::kAllToAll) {
+    // Up to NCCL's channel limit: DeepSeek-V3 gives its all-to-all 20 of the H800's 132 SMs.
+    for (int s = 2; s <= kMaxCollectiveSms; s += 2) out.push_back(s);
   } else {
     for (int s = 1; s <= 20; ++s) out.push_back(s);
   }

@@ -22,11 +22,27 @@ struct ModelConfig {
   int vocab = 0;
   bool tied_embeddings = false;
   bool qk_norm = false;
+  // Mixture of experts (docs/moe.md). experts == 0 is a dense model and the keys below are 0.
+  int experts = 0;                   ///< routed experts per MoE layer
+  int experts_per_token = 0;         ///< top-k
+  int expert_ffn_hidden = 0;         ///< FFN width of one routed expert
+  int shared_experts = 0;            ///< experts every token runs (DeepSeek-style)
+  int shared_expert_ffn_hidden = 0;  ///< FFN width of one shared expert
+  int dense_layers = 0;              ///< leading layers with a dense MLP (ffn_hidden)
+  /// Tokens the busiest expert-parallel rank receives over the mean (1: balanced routing).
+  /// Every rank waits for the busiest at the combine, so its load sets the time.
+  double expert_imbalance = 1.0;
+  bool moe() const { return experts > 0; }
+  /// Whether global layer `layer` (0-based) has routed experts.
+  bool moe_layer(int layer) const { return moe() && layer >= dense_layers; }
 };
 
 struct ClusterConfig {
   int nodes = 1;
   int gpus_per_node = 8;
+  /// NCCL on the cluster as major * 100 + minor (cluster.nccl: "2.28"); the copy-engine
+  /// all-to-all needs 2.28 or later.
+  int nccl_version = 228;
   int gpus() const { return nodes * gpus_per_node; }
 };
 
@@ -35,6 +51,11 @@ struct ParallelConfig {
   int cp = 1;
   int pp = 1;
   int dp = 1;
+  /// Expert parallelism of MoE layers: the routed experts are split over ep ranks. The expert
+  /// layers re-fold a stage's tp * cp * dp GPUs (Megatron-Core's MoE parallel folding, expert
+  /// tensor parallelism 1): ep consecutive ranks form an expert-parallel group and the
+  /// tp * cp * dp / ep groups hold the same experts (expert data parallelism).
+  int ep = 1;
   bool sequence_parallel = false;
   /// Model chunks per pipeline stage (Megatron-LM's virtual pipeline stages): 1 is synchronous
   /// 1F1B, more is interleaved 1F1B (include/kareus/schedule.h).
@@ -53,6 +74,10 @@ struct ParallelConfig {
   /// GPUs that run one pipeline stage (tp * cp * dp): per-GPU figures of a stage times this
   /// give the stage's share of the job.
   int gpus_per_stage() const { return tp * cp * dp; }
+  /// Ranks that hold the same experts (tp * cp * dp / ep).
+  int expert_dp() const { return gpus_per_stage() / ep; }
+  /// The first global layer of virtual stage `virtual_stage`.
+  int first_layer(int virtual_stage) const;
 };
 
 struct BatchConfig {
@@ -94,10 +119,12 @@ struct Workload {
 struct MemoryEstimate {
   int stage = 0;                           ///< the stage the figures are for (the largest)
   double parameters = 0;                   ///< parameters held by one GPU of that stage (count)
+  double expert_parameters = 0;            ///< of which routed experts (sharded over ep)
   double weights_bytes = 0;                ///< bf16 weights, 2 bytes per parameter
   double gradients_bytes = 0;              ///< bf16 gradients, 2 bytes per parameter
   double optimizer_bytes = 0;              ///< Adam in fp32 (master weights, m, v): 12 B/param
-  double optimizer_distributed_bytes = 0;  ///< the same sharded over dp (distributed optimizer)
+  double optimizer_distributed_bytes = 0;  ///< the same sharded over dp (distributed optimizer;
+                                           ///< routed experts over the expert-dp ranks)
   double activations_bytes = 0;            ///< stored activations under the recompute policy
   /// Micro-batch passes (through one chunk each when interleaved) whose activations the
   /// schedule keeps at once (Schedule::max_in_flight).
@@ -119,7 +146,8 @@ void require_memory_fit(const Workload& w);
 /// empty when there are none. One line each, without a trailing newline.
 std::vector<std::string> workload_warnings(const Workload& w);
 
-/// Model presets: llama3.2-3b, qwen3-1.7b, llama3.3-70b. Throws InvalidInput on unknown name.
+/// Model presets: llama3.2-3b, qwen3-1.7b, llama3.3-70b and the mixtures of experts
+/// mixtral-8x7b, qwen3-30b-a3b, qwen3-235b-a22b. Throws InvalidInput on unknown name.
 ModelConfig model_preset(const std::string& name);
 std::vector<std::string> model_preset_names();
 

@@ -399,6 +399,10 @@ struct GroupExecutor::Impl {
               n.reduce_scatter(send[i], recv[i], c.nccl_count, ncclBfloat16, ncclSum, cs[i], s),
               "ncclReduceScatter");
           break;
+        case CollectiveKind::kAllToAll:
+          throw InvalidInput(fmt::format(
+              "cuda backend: collective '{}' is an all-to-all, which this backend does not run",
+              c.name));
         case CollectiveKind::kP2P:
           // Pairs (0,1), (2,3): the even rank sends, the odd rank receives.
           if (peer < static_cast<int>(ranks.size())) {

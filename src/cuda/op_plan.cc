@@ -180,6 +180,12 @@ CollectiveStep collective_step(const Kernel& k) {
       c.send_bytes = c.recv_bytes = elems * kBf16;
       c.nccl_count = elems;
       break;
+    case CollectiveKind::kAllToAll:
+      // Equal splits: `shard` elements to every rank (ncclAlltoAll's count).
+      c.payload_bytes = shard * n * kBf16;
+      c.send_bytes = c.recv_bytes = shard * n * kBf16;
+      c.nccl_count = shard;
+      break;
   }
   return c;
 }

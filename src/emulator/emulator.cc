@@ -15,6 +15,12 @@
 //   link energy per bit. V(f) has a floor below a knee clock (A100: ~0.71 V near 1080 MHz).
 //   When a partition's (or a sequential kernel's) average power exceeds the board power limit,
 //   it runs at the highest supported clock that fits, as the GPU's power capping does.
+// - An all-to-all (mixture-of-experts dispatch and combine) moves (n-1)/n of its buffer over
+//   NVLink at NCCL's achievable bus bandwidth, or its inter-node share over the NIC; with 0 SMs
+//   it runs on the copy engines (NCCL 2.28 CE collectives): the same links, no SMs, no clock
+//   dependence, and the chain's small kernels then take the whole GPU in turn with the compute.
+// - A grouped GEMM (the local experts) quantizes tiles per group, so few rows per expert waste
+//   most of each tile.
 #include "kareus/emulator.h"
 
 #include <fmt/format.h>
@@ -33,6 +39,11 @@ namespace {
 
 // Precision (MHz) of the power-capped effective clock.
 constexpr double kCapResolutionMhz = 0.25;
+
+// Rate of a copy-engine collective as a share of its links' achievable rate. Estimate: no
+// published CE all-to-all figure exists; the copy engines drive the same NVLink links whose
+// effective rate NCCL reaches (docs/emulator.md, "All-to-all").
+constexpr double kCopyEngineShareOfLink = 1.0;
 
 // The calibrated parameters by name (calibration files, fingerprints), one table for both the
 // mutable and the const view.
@@ -71,11 +82,14 @@ constexpr std::pair<const char*, double EmulatorParams::*> kParamFields[] = {
 double kernel_efficiency(const Kernel& op, double n, const EmulatorParams& p) {
   switch (op.kind) {
     case OpKind::kGemm: {
-      const double tiles = std::ceil(op.m / p.gemm_tile_m) * std::ceil(op.n / p.gemm_tile_n);
+      // A grouped GEMM tiles every group on its own.
+      const double groups = std::max(1, op.groups);
+      const double tiles =
+          groups * std::ceil(op.m / p.gemm_tile_m) * std::ceil(op.n / p.gemm_tile_n);
       const double waves = std::ceil(tiles / n);
       const double k = static_cast<double>(op.k);
       // Tile quantization: partial edge tiles compute their whole tile (NVIDIA guide).
-      const double tile_use = static_cast<double>(op.m) * static_cast<double>(op.n) /
+      const double tile_use = groups * static_cast<double>(op.m) * static_cast<double>(op.n) /
                               (tiles * p.gemm_tile_m * p.gemm_tile_n);
       return p.gemm_best_efficiency * p.achieved_fraction * (tiles / (waves * n)) * tile_use *
              (k / (k + p.gemm_k_half));
@@ -155,7 +169,8 @@ EmulatorModel::Rates EmulatorModel::rates(const Kernel* op, int op_sms, const Ke
   if (coll) {
     const double link = link_bandwidth(*coll);
     const double per_cta = gpu_.nccl_ring_busbw_gbs * 1e9 / p_.nccl_sms_to_saturate * fr;
-    r.coll_bytes_per_s = std::min(link, coll_sms * per_cta);
+    r.coll_bytes_per_s = coll_sms == 0 && coll->copy_engine ? link * kCopyEngineShareOfLink
+                                                            : std::min(link, coll_sms * per_cta);
     coll_hbm_rate = r.coll_bytes_per_s * p_.collective_hbm_factor;
     coll_share = r.coll_bytes_per_s / link;
   }
@@ -245,11 +260,14 @@ SimResult EmulatorModel::simulate_at(const std::vector<Kernel>& ops, const Kerne
     const Kernel* step = comm_on ? chain[c] : nullptr;
     const Kernel* step_coll = step && step->is_collective() ? step : nullptr;
     const Kernel* step_kernel = step && !step_coll ? step : nullptr;
-    const Rates r = rates(op, comm_on ? N - sms : N, step_coll, sms, freq_mhz);
+    // Without SMs of its own (copy engines) a tail kernel takes the whole GPU and the compute
+    // waits for it.
+    const bool preempts = step_kernel && sms == 0 && op;
+    const Rates r = preempts ? Rates{} : rates(op, comm_on ? N - sms : N, step_coll, sms, freq_mhz);
     Rates rk;
-    if (step_kernel) rk = rates(step_kernel, op ? sms : N, nullptr, 0, freq_mhz);
+    if (step_kernel) rk = rates(step_kernel, op && !preempts ? sms : N, nullptr, 0, freq_mhz);
     const double inf = std::numeric_limits<double>::infinity();
-    const double dt_op = op ? op_left * r.op_time_s : inf;
+    const double dt_op = op && !preempts ? op_left * r.op_time_s : inf;
     if (step_coll && !(r.coll_bytes_per_s > 0)) {
       throw InvalidInput(
           fmt::format("collective '{}' needs at least one SM, got {}", step_coll->name, sms));
@@ -261,7 +279,7 @@ SimResult EmulatorModel::simulate_at(const std::vector<Kernel>& ops, const Kerne
     const double dt = op_ends ? dt_op : dt_step;
     t += dt;
     e += (r.power_w + rk.power_w) * dt;
-    if (op) {
+    if (op && !preempts) {
       if (op_ends) {
         ++i;
         op_left = 1.0;
@@ -357,8 +375,9 @@ SimResult EmulatorModel::simulate_sequence(const std::vector<Kernel>& kernels, i
 
 double EmulatorModel::link_bandwidth(const Kernel& coll) const {
   if (coll.inter_node) return gpu_.internode_bandwidth_gbs * 1e9 * p_.internode_efficiency;
-  // A point-to-point copy uses one direction of NVLink; a ring collective reaches the bus
-  // bandwidth NCCL reports.
+  // A point-to-point copy uses one direction of NVLink; a ring collective and an all-to-all
+  // reach the bus bandwidth NCCL reports (for every collective but AllReduce NCCL's busBw is
+  // the per-GPU link rate: Jeaugey, NVIDIA/nccl-tests#212).
   if (coll.collective == CollectiveKind::kP2P) {
     return gpu_.nvlink_bandwidth_gbs / 2 * 1e9 * p_.internode_efficiency;
   }

@@ -14,6 +14,7 @@
 
 #include "kareus/error.h"
 #include "kareus/hash.h"
+#include "kareus/instruction_settings.h"
 #include "kareus/partition.h"
 
 namespace kareus {
@@ -48,6 +49,31 @@ std::vector<std::string> Partition::slot_names() const {
   std::vector<std::string> names;
   for (const auto& s : slots) names.push_back(s.name);
   return names;
+}
+
+bool copy_engine_eligible(const Partition& p) {
+  bool any = false;
+  auto check = [&](const Kernel& k) {
+    if (!k.is_collective() || !(k.wire_bytes() > 0)) return true;
+    any = any || k.copy_engine;
+    return k.copy_engine;
+  };
+  if (!check(p.collective)) return false;
+  for (const auto& k : p.comm_tail) {
+    if (!check(k)) return false;
+  }
+  return any;
+}
+
+bool sms_allowed(const Partition& p, int sms) {
+  if (sms == kCopyEngineSms) return copy_engine_eligible(p);
+  return sms >= 1 && sms <= kMaxCollectiveSms;
+}
+
+std::string allowed_sms_text(const Partition& p) {
+  return copy_engine_eligible(p) ? fmt::format("{} (copy engines) or 1..{} (NCCL's channel limit)",
+                                               kCopyEngineSms, kMaxCollectiveSms)
+                                 : fmt::format("1..{} (NCCL's channel limit)", kMaxCollectiveSms);
 }
 
 const Slot& Partition::slot(const std::string& name) const {

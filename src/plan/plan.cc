@@ -287,13 +287,16 @@ void parse_identity(const Reader& r, const nlohmann::json& j, Plan& p) {
   }
 }
 
-// An SM count anywhere in a plan: the rule of src/search/space.cc, 1..kMaxCollectiveSms
-// (NCCL's channel limit); checked without a workload so that `plan show` refuses it too.
+// An SM count anywhere in a plan: kCopyEngineSms or 1..kMaxCollectiveSms (NCCL's channel
+// limit), checked without a workload so that `plan show` refuses anything else; validate_plan
+// applies the partition's own rule (sms_allowed).
 int parse_sms(const Reader& r, const nlohmann::json& c, const std::string& path) {
   const int sms = r.integer(c, "sms", path);
-  if (sms < 1 || sms > kMaxCollectiveSms) {
+  if (sms != kCopyEngineSms && (sms < 1 || sms > kMaxCollectiveSms)) {
     r.fail(join_path(path, "sms"),
-           fmt::format("{}: allowed 1..{} (NCCL's channel limit)", sms, kMaxCollectiveSms));
+           fmt::format("{}: allowed {} (the copy engines, where the collective allows them) or "
+                       "1..{} (NCCL's channel limit)",
+                       sms, kCopyEngineSms, kMaxCollectiveSms));
   }
   return sms;
 }

@@ -56,12 +56,11 @@ namespace {
 void check_setting(const Reader& r, const std::string& path, const Partition& part, int sms,
                    const std::string& slot, const std::string& slot_op, int slot_op_index) {
   // One rule for SM counts, shared with the search space and `kareus profile`
-  // (src/search/space.cc): 1..kMaxCollectiveSms, NCCL's channel limit.
-  if (sms < 1 || sms > kMaxCollectiveSms) {
+  // (sms_allowed, src/partition/partitioner.cc).
+  if (!sms_allowed(part, sms)) {
     r.fail(path + ".sms",
-           fmt::format("{}: allowed 1..{} (NCCL's channel limit); the search default for this "
-                       "{} is {}",
-                       sms, kMaxCollectiveSms, to_string(part.collective.collective),
+           fmt::format("{}: partition {} allows {}; the search default for this {} is {}", sms,
+                       part.key, allowed_sms_text(part), to_string(part.collective.collective),
                        fmt::join(default_collective_sms(part.collective.collective), ",")));
   }
   const Slot* found = nullptr;

@@ -35,14 +35,16 @@ SearchSpace make_search_space(const Partition& p, const GpuSpec& gpu, const Spac
       std::find(s.sms.begin(), s.sms.end(), nccl_default) == s.sms.end()) {
     s.sms.insert(std::upper_bound(s.sms.begin(), s.sms.end(), nccl_default), nccl_default);
   }
+  // The copy engines (0 SMs) lead the grid wherever the partition's chain can use them.
+  if (o.sms.empty() && copy_engine_eligible(p)) s.sms.insert(s.sms.begin(), kCopyEngineSms);
   s.slots = p.slot_names();
   for (int f : s.freqs_mhz) {
     gpu.require_freq(f, fmt::format("frequency {} MHz", f));
   }
   for (int m : s.sms) {
-    if (m < 1 || m > kMaxCollectiveSms) {
+    if (!sms_allowed(p, m)) {
       throw InvalidInput(
-          fmt::format("SM count {}: allowed 1..{} (NCCL's channel limit)", m, kMaxCollectiveSms));
+          fmt::format("SM count {} for partition {}: allowed {}", m, p.key, allowed_sms_text(p)));
     }
   }
   return s;
@@ -50,11 +52,11 @@ SearchSpace make_search_space(const Partition& p, const GpuSpec& gpu, const Spac
 
 void validate_config(const Partition& p, const GpuSpec& gpu, const PartitionConfig& c) {
   gpu.require_freq(c.freq_mhz, fmt::format("--freq {}", c.freq_mhz));
-  if (c.sms < 1 || c.sms > kMaxCollectiveSms) {
+  if (!sms_allowed(p, c.sms)) {
     throw InvalidInput(fmt::format(
-        "--sms {}: allowed 1..{} (NCCL's channel limit); the search "
-        "default for this collective is {}",
-        c.sms, kMaxCollectiveSms, fmt::join(default_collective_sms(p.collective.collective), ",")));
+        "--sms {}: partition {} allows {}; the search default for this collective is {}", c.sms,
+        p.key, allowed_sms_text(p),
+        fmt::join(default_collective_sms(p.collective.collective), ",")));
   }
   try {
     p.slot(c.slot);

@@ -15,6 +15,14 @@
 // before attention and dK,dV reduce-scattered after it (K,V are gathered again for backward).
 // With full recompute every layer's forward (with its collectives) is re-run right before its
 // backward, so recomputed blocks appear in the backward instruction.
+//
+// A mixture-of-experts layer (docs/moe.md) replaces the MLP with Megatron-Core's MoELayer and
+// its all-to-all token dispatcher: router GEMM and top-k, permute, the dispatch all-to-all over
+// the expert-parallel group, the local experts as grouped GEMMs (FC1 gate+up, SwiGLU, FC2), the
+// combine all-to-all and the unpermute (weighted sum of each token's k expert outputs). Experts
+// are not tensor-parallel (expert tensor parallelism 1, MoE parallel folding: Liu et al.,
+// arXiv 2504.14960), so each TP rank routes its sequence-parallel share of the tokens. Routed
+// experts count k GEMM passes per token in the model FLOPs (top-k active parameters).
 #include "kareus/kernel_graph.h"
 
 #include <fmt/format.h>
@@ -55,6 +63,8 @@ const char* to_string(CollectiveKind k) {
       return "reducescatter";
     case CollectiveKind::kP2P:
       return "p2p";
+    case CollectiveKind::kAllToAll:
+      return "alltoall";
   }
   return "?";
 }
@@ -69,6 +79,8 @@ const char* short_name(CollectiveKind k) {
       return "rs";
     case CollectiveKind::kP2P:
       return "p2p";
+    case CollectiveKind::kAllToAll:
+      return "a2a";
   }
   return "?";
 }
@@ -85,6 +97,10 @@ const char* to_string(CommGroup g) {
       return "dp";
     case CommGroup::kEmbedding:
       return "embedding";
+    case CommGroup::kEp:
+      return "ep";
+    case CommGroup::kExpertDp:
+      return "expert_dp";
   }
   return "?";
 }
@@ -101,6 +117,8 @@ double Kernel::wire_bytes() const {
       return (n - 1.0) / n * payload_bytes;
     case CollectiveKind::kP2P:
       return payload_bytes;
+    case CollectiveKind::kAllToAll:
+      return inter_node ? (n - node_ranks) / n * payload_bytes : (n - 1.0) / n * payload_bytes;
   }
   return 0.0;
 }
@@ -123,6 +141,10 @@ class Builder {
     kv_cols_ = static_cast<double>(m_.kv_heads) / p_.tp * m_.head_dim;
     f_ = static_cast<double>(m_.ffn_hidden) / p_.tp;
     vocab_ = static_cast<double>(m_.vocab) / p_.tp;
+    // Copies of this rank's tokens its experts process: top-k per token, times the busiest
+    // rank's excess (ModelConfig::expert_imbalance).
+    routed_rows_ = sp_tokens_ * m_.experts_per_token * m_.expert_imbalance;
+    local_experts_ = m_.moe() ? m_.experts / p_.ep : 0;
   }
 
   Kernel gemm(const std::string& name, double m, double n, double k, bool model) const {
@@ -136,6 +158,20 @@ class Builder {
     g.m = static_cast<std::int64_t>(m);
     g.n = static_cast<std::int64_t>(n);
     g.k = static_cast<std::int64_t>(k);
+    return g;
+  }
+
+  // `groups` GEMMs of m x n x k at once (the local experts' grouped GEMM, Megatron-Core's
+  // GroupedMLP): every group reads its own weights.
+  Kernel grouped_gemm(const std::string& name, double m, double n, double k, int groups,
+                      bool model) const {
+    Kernel g = gemm(name, m, n, k, model);
+    const double G = groups;
+    g.flops *= G;
+    g.model_flops *= G;
+    g.bytes_read *= G;
+    g.bytes_written *= G;
+    g.groups = groups;
     return g;
   }
 
@@ -222,8 +258,23 @@ class Builder {
         c.group_size = 2;
         stride = p_.gpus_per_stage() * (group == CommGroup::kPp ? 1 : (p_.pp - 1));
         break;
+      // The expert layers' ranks are ordered etp (1), ep, expert dp, pp (Megatron-Core's
+      // expert rank generator): an expert-parallel group is ep consecutive ranks.
+      case CommGroup::kEp:
+        c.group_size = p_.ep;
+        stride = 1;
+        break;
+      case CommGroup::kExpertDp:
+        c.group_size = p_.expert_dp();
+        stride = p_.ep;
+        break;
     }
-    c.inter_node = stride * (c.group_size - 1) >= w_.cluster.gpus_per_node;
+    const int gpn = w_.cluster.gpus_per_node;
+    c.inter_node = stride * (c.group_size - 1) >= gpn;
+    c.node_ranks = c.inter_node ? std::max(1, gpn / stride) : c.group_size;
+    // NCCL 2.28's copy-engine collectives run inside one NVLink domain only.
+    c.copy_engine = kind == CollectiveKind::kAllToAll && !c.inter_node &&
+                    w_.cluster.nccl_version >= 228 && c.group_size > 1;
     return c;
   }
 
@@ -265,7 +316,7 @@ class Builder {
   // ---- Forward blocks of one layer. Under sequence parallelism the norms run on the
   // sequence-sharded tokens between the TP ReduceScatter and AllGather (their own small blocks
   // here; fold_small_blocks moves them onto the communication chain).
-  std::vector<Block> forward_layer(bool recompute) const {
+  std::vector<Block> forward_layer(bool recompute, bool moe) const {
     std::vector<Block> out;
     const bool cp = p_.cp > 1;
     const bool sp = p_.sequence_parallel;
@@ -311,6 +362,11 @@ class Builder {
       at.collective = tp_exit(exit_name);
       out.push_back(std::move(at));
     }
+    if (moe) {
+      auto experts = moe_forward(recompute);
+      out.insert(out.end(), experts.begin(), experts.end());
+      return out;
+    }
     Block ml = mk("mlp");
     norm_entry(ml, "mlp_norm");
     add(ml, fwd_gemm("fc1", 2.0 * f_, h_), "linear");
@@ -321,8 +377,142 @@ class Builder {
     return out;
   }
 
+  // ---- Mixture-of-experts MLP of one layer (Megatron-Core MoELayer, all-to-all dispatcher).
+  // This rank's tokens (sequence-parallel share) as routed copies: each of them carries h bf16
+  // values to its expert and back.
+  Kernel ep_alltoall(const std::string& name) const {
+    return collective(name, CollectiveKind::kAllToAll, CommGroup::kEp, routed_rows_ * h_ * kBf16);
+  }
+  // The experts' rows: routed copies over the local experts (at least one row each).
+  double expert_rows() const { return std::max(1.0, routed_rows_ / local_experts_); }
+  double shared_ffn() const {
+    return static_cast<double>(m_.shared_experts) * m_.shared_expert_ffn_hidden;
+  }
+  Kernel no_collective() const {
+    return collective("none", CollectiveKind::kAllReduce, CommGroup::kTp, 0.0);
+  }
+
+  // Forward: norm and routing ending in the dispatch, the experts ending in the combine, and
+  // the unpermute (no tensor cores: it joins the combine's communication chain).
+  std::vector<Block> moe_forward(bool recompute) const {
+    std::vector<Block> out;
+    auto mk = [&](std::string name) {
+      Block b;
+      b.name = std::move(name);
+      b.direction = InstructionKind::kForward;
+      b.recompute = recompute;
+      return b;
+    };
+    auto add = [&](Block& b, Kernel k, const char* slot = nullptr) {
+      if (slot) b.slots.push_back({slot, static_cast<int>(b.ops.size())});
+      b.ops.push_back(std::move(k));
+    };
+    const double T = sp_tokens_, E = m_.experts, fe = m_.expert_ffn_hidden;
+    Block route = mk("moe_route");
+    add(route, residual_add("residual_add"), "norm");
+    add(route, rmsnorm("rmsnorm"));
+    // The router is replicated: every rank scores its own tokens against all experts.
+    add(route, gemm("router_gemm", T, E, h_, true), "router");
+    add(route, elementwise("router_topk", OpKind::kElementwise, T * E, 8, 1, 1, kFp32));
+    add(route, elementwise("permute", OpKind::kElementwise, routed_rows_ * h_, 0, 1, 1), "permute");
+    if (m_.shared_experts > 0) {
+      // Shared experts run while the dispatch is in flight (--moe-shared-expert-overlap).
+      add(route, gemm("shared_fc1", T, 2.0 * shared_ffn(), h_, true), "shared");
+      add(route, elementwise("shared_swiglu", OpKind::kElementwise, T * shared_ffn(), 5, 2, 1));
+      add(route, gemm("shared_fc2", T, h_, shared_ffn(), true));
+    }
+    route.collective = ep_alltoall("ep_dispatch");
+    out.push_back(std::move(route));
+
+    Block ex = mk("moe_experts");
+    const double rows = expert_rows();
+    add(ex, grouped_gemm("expert_fc1", rows, 2.0 * fe, h_, local_experts_, true), "linear");
+    add(ex, elementwise("expert_swiglu", OpKind::kElementwise, routed_rows_ * fe, 5, 2, 1),
+        "activation");
+    add(ex, grouped_gemm("expert_fc2", rows, h_, fe, local_experts_, true));
+    ex.collective = ep_alltoall("ep_combine");
+    out.push_back(std::move(ex));
+
+    Block un = mk("moe_unpermute");
+    // Weighted sum of each token's k expert outputs.
+    Kernel u = elementwise("unpermute", OpKind::kElementwise, routed_rows_ * h_, 2, 1, 0);
+    u.bytes_written = T * h_ * kBf16;
+    add(un, u);
+    un.collective = no_collective();
+    out.push_back(std::move(un));
+    return out;
+  }
+
+  // Backward: the unpermute's backward ending in the combine's backward all-to-all (expert
+  // gradients out), the experts' backward ending in the dispatch's backward all-to-all, and the
+  // permute and router backward (and the shared experts').
+  std::vector<Block> moe_backward() const {
+    std::vector<Block> out;
+    auto mk = [&](std::string name) {
+      Block b;
+      b.name = std::move(name);
+      b.direction = InstructionKind::kBackward;
+      return b;
+    };
+    auto add = [&](Block& b, Kernel k, const char* slot = nullptr) {
+      if (slot) b.slots.push_back({slot, static_cast<int>(b.ops.size())});
+      b.ops.push_back(std::move(k));
+    };
+    const double T = sp_tokens_, E = m_.experts, fe = m_.expert_ffn_hidden;
+    const double rows = expert_rows();
+    const int G = local_experts_;
+    Block ub = mk("moe_unpermute");
+    add(ub, rmsnorm_bwd("rmsnorm_bwd"), "norm");
+    add(ub, residual_add("residual_grad_add"));
+    Kernel u = elementwise("unpermute_bwd", OpKind::kElementwise, routed_rows_ * h_, 2, 0, 1);
+    u.bytes_read = (T + routed_rows_) * h_ * kBf16;  // dY and the saved expert outputs
+    add(ub, u);
+    ub.collective = ep_alltoall("ep_combine_bwd");
+    out.push_back(std::move(ub));
+
+    Block ex = mk("moe_experts");
+    add(ex, grouped_gemm("expert_fc2_dgrad", rows, fe, h_, G, true), "linear");
+    add(ex, grouped_gemm("expert_fc2_wgrad", fe, h_, rows, G, true));
+    add(ex, elementwise("expert_swiglu_bwd", OpKind::kElementwise, routed_rows_ * fe, 8, 3, 2),
+        "activation");
+    add(ex, grouped_gemm("expert_fc1_dgrad", rows, h_, 2.0 * fe, G, true));
+    add(ex, grouped_gemm("expert_fc1_wgrad", h_, 2.0 * fe, rows, G, true));
+    ex.collective = ep_alltoall("ep_dispatch_bwd");
+    out.push_back(std::move(ex));
+
+    Block rb = mk("moe_route");
+    add(rb, elementwise("permute_bwd", OpKind::kElementwise, routed_rows_ * h_, 1, 1, 0),
+        "permute");
+    add(rb, elementwise("router_topk_bwd", OpKind::kElementwise, T * E, 8, 2, 1, kFp32));
+    add(rb, gemm("router_gemm_dgrad", T, h_, E, true), "router");
+    add(rb, gemm("router_gemm_wgrad", h_, E, T, true));
+    if (m_.shared_experts > 0) {
+      const double fs = shared_ffn();
+      add(rb, gemm("shared_fc2_dgrad", T, fs, h_, true), "shared");
+      add(rb, gemm("shared_fc2_wgrad", fs, h_, T, true));
+      add(rb, elementwise("shared_swiglu_bwd", OpKind::kElementwise, T * fs, 8, 3, 2));
+      add(rb, gemm("shared_fc1_dgrad", T, h_, 2.0 * fs, true));
+      add(rb, gemm("shared_fc1_wgrad", h_, 2.0 * fs, T, true));
+    }
+    rb.collective = no_collective();
+    out.push_back(std::move(rb));
+    return out;
+  }
+
+  // Prepends block `i`'s compute (it ends in no collective) to block i + 1 and removes it.
+  static void merge_into_next(std::vector<Block>& blocks, std::size_t i) {
+    Block& from = blocks.at(i);
+    Block& to = blocks.at(i + 1);
+    const int shift = static_cast<int>(from.ops.size());
+    for (auto& slot : to.slots) slot.op_index += shift;
+    to.slots.insert(to.slots.begin(), from.slots.begin(), from.slots.end());
+    to.ops.insert(to.ops.begin(), from.ops.begin(), from.ops.end());
+    to.name = from.name + "_" + to.name;
+    blocks.erase(blocks.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+
   // ---- Backward blocks of one layer (without its recompute).
-  std::vector<Block> backward_layer() const {
+  std::vector<Block> backward_layer(bool moe) const {
     const bool cp = p_.cp > 1;
     const bool sp = p_.sequence_parallel;
     auto mk = [&](std::string name) {
@@ -347,15 +537,20 @@ class Builder {
     // The input gradient of a column-parallel GEMM is AllReduced (ReduceScatter with SP).
     const char* exit_name = sp ? "tp_reducescatter" : "tp_allreduce";
 
-    Block ml = mk(sp ? "mlp_gemm" : "mlp");
-    norm_entry(ml, "mlp");
-    add(ml, dgrad("fc2", h_, f_), "linear");
-    add(ml, wgrad("fc2", h_, f_));
-    add(ml, elementwise("swiglu_bwd", OpKind::kElementwise, tokens_ * f_, 8, 3, 2), "activation");
-    add(ml, dgrad("fc1", 2.0 * f_, h_));
-    add(ml, wgrad("fc1", 2.0 * f_, h_));
-    ml.collective = tp_exit(exit_name);
-    out.push_back(std::move(ml));
+    if (moe) {
+      out = moe_backward();
+    } else {
+      Block ml = mk(sp ? "mlp_gemm" : "mlp");
+      norm_entry(ml, "mlp");
+      add(ml, dgrad("fc2", h_, f_), "linear");
+      add(ml, wgrad("fc2", h_, f_));
+      add(ml, elementwise("swiglu_bwd", OpKind::kElementwise, tokens_ * f_, 8, 3, 2), "activation");
+      add(ml, dgrad("fc1", 2.0 * f_, h_));
+      add(ml, wgrad("fc1", 2.0 * f_, h_));
+      ml.collective = tp_exit(exit_name);
+      out.push_back(std::move(ml));
+    }
+    const std::size_t attention_begin = out.size();
 
     auto qkv_tail = [&](Block& b) {
       add(b, elementwise("rope_bwd", OpKind::kElementwise, qk_elems, 3, 1, 1), "rope");
@@ -388,6 +583,9 @@ class Builder {
       at.collective = tp_exit(exit_name);
       out.push_back(std::move(at));
     }
+    // Nothing separates the permute and router backward from the attention's backward but
+    // the (local) norm backward: they open the attention's first block.
+    if (moe) merge_into_next(out, attention_begin - 1);
     return out;
   }
 
@@ -427,9 +625,16 @@ class Builder {
     return k;
   }
 
-  double layer_params() const {
-    return h_ * (q_cols_ + 2 * kv_cols_) + q_cols_ * h_ + 3.0 * h_ * f_ + 2.0 * h_ +
-           (m_.qk_norm ? 2.0 * m_.head_dim : 0.0);
+  // Parameters of one layer on one GPU: dense ones (reduced over data parallelism) and the
+  // local routed experts (reduced over expert data parallelism).
+  double layer_params(bool moe) const {
+    const double attn = h_ * (q_cols_ + 2 * kv_cols_) + q_cols_ * h_ + 2.0 * h_ +
+                        (m_.qk_norm ? 2.0 * m_.head_dim : 0.0);
+    if (!moe) return attn + 3.0 * h_ * f_;
+    return attn + h_ * m_.experts + 3.0 * h_ * shared_ffn();
+  }
+  double expert_params(bool moe) const {
+    return moe ? local_experts_ * 3.0 * h_ * m_.expert_ffn_hidden : 0.0;
   }
   double vocab_params() const { return vocab_ * h_; }
 
@@ -441,6 +646,16 @@ class Builder {
 
   // ZeRO-1: fp32 gradients reduce-scattered, bf16 parameters all-gathered (Megatron-LM's
   // distributed optimizer with its default fp32 gradient reduction).
+  // Routed experts' gradients: reduce-scattered and their parameters all-gathered over the
+  // ranks holding the same experts, once per iteration after the stage's last instruction.
+  std::vector<Kernel> expert_dp_comm(double params) const {
+    if (p_.expert_dp() <= 1 || params <= 0) return {};
+    return {collective("expert_dp_grad_reducescatter", CollectiveKind::kReduceScatter,
+                       CommGroup::kExpertDp, params * kFp32),
+            collective("expert_dp_param_allgather", CollectiveKind::kAllGather,
+                       CommGroup::kExpertDp, params * kBf16)};
+  }
+
   DpComm dp_comm(double params, bool overlapped) const {
     DpComm d;
     d.grad_reduce_scatter = collective("dp_grad_reducescatter", CollectiveKind::kReduceScatter,
@@ -463,7 +678,8 @@ class Builder {
   const ModelConfig& m_;
   const ParallelConfig& p_;
   double seqs_ = 0, tokens_ = 0, sp_tokens_ = 0, h_ = 0, q_cols_ = 0, kv_cols_ = 0, f_ = 0,
-         vocab_ = 0;
+         vocab_ = 0, routed_rows_ = 0;
+  int local_experts_ = 0;
 };
 
 bool uses_tensor_cores(const Block& b) {
@@ -486,7 +702,8 @@ std::vector<Block> fold_small_blocks(std::vector<Block> blocks) {
     if (!out.empty() && !uses_tensor_cores(b)) {
       auto& tail = out.back().comm_tail;
       tail.insert(tail.end(), b.ops.begin(), b.ops.end());
-      tail.push_back(std::move(b.collective));
+      // A block that ends in no communication (a MoE layer's unpermute) adds only its kernels.
+      if (b.collective.wire_bytes() > 0) tail.push_back(std::move(b.collective));
       tail.insert(tail.end(), b.comm_tail.begin(), b.comm_tail.end());
       continue;
     }
@@ -531,13 +748,27 @@ KernelGraph build_kernel_graph(const Workload& w) {
     sg.forward.kind = InstructionKind::kForward;
     sg.backward.kind = InstructionKind::kBackward;
     sg.forward.nano_batches = sg.backward.nano_batches = nb;
-    const auto fwd = nano.forward_layer(false);
-    const auto rec = nano.forward_layer(true);
-    const auto bwd = nano.backward_layer();
+    // Layer blocks by kind: [0] dense MLP, [1] mixture of experts.
+    const std::vector<Block> fwd[2] = {nano.forward_layer(false, false),
+                                       nano.forward_layer(false, w.model.moe())};
+    const std::vector<Block> rec[2] = {nano.forward_layer(true, false),
+                                       nano.forward_layer(true, w.model.moe())};
+    const std::vector<Block> bwd[2] = {nano.backward_layer(false),
+                                       nano.backward_layer(w.model.moe())};
+    const int first = p.first_layer(s);
+    double params = 0, expert_params = 0;
     for (int l = 0; l < sg.layers; ++l) {
-      sg.forward.blocks.insert(sg.forward.blocks.end(), fwd.begin(), fwd.end());
-      if (recompute) sg.backward.blocks.insert(sg.backward.blocks.end(), rec.begin(), rec.end());
-      sg.backward.blocks.insert(sg.backward.blocks.end(), bwd.begin(), bwd.end());
+      const int kind = w.model.moe_layer(first + l) ? 1 : 0;
+      sg.forward.blocks.insert(sg.forward.blocks.end(), fwd[kind].begin(), fwd[kind].end());
+      params += nano.layer_params(kind == 1);
+      expert_params += nano.expert_params(kind == 1);
+    }
+    // The backward runs the layers top down.
+    for (int l = sg.layers - 1; l >= 0; --l) {
+      const int kind = w.model.moe_layer(first + l) ? 1 : 0;
+      auto& bb = sg.backward.blocks;
+      if (recompute) bb.insert(bb.end(), rec[kind].begin(), rec[kind].end());
+      bb.insert(bb.end(), bwd[kind].begin(), bwd[kind].end());
     }
     sg.forward.blocks = fold_small_blocks(std::move(sg.forward.blocks));
     sg.backward.blocks = fold_small_blocks(std::move(sg.backward.blocks));
@@ -549,7 +780,6 @@ KernelGraph build_kernel_graph(const Workload& w) {
       sg.forward.epilogue = micro.output_forward();
       sg.backward.prologue = micro.output_backward();
     }
-    double params = sg.layers * nano.layer_params();
     const bool holds_vocab = s == 0 || s == vstages - 1;
     if (holds_vocab) params += nano.vocab_params();
     if (pp == 1 && !w.model.tied_embeddings) params += nano.vocab_params();
@@ -564,6 +794,7 @@ KernelGraph build_kernel_graph(const Workload& w) {
     if (pp > 1 && w.model.tied_embeddings && holds_vocab) {
       sg.per_iteration.push_back(nano.embedding_grad_reduce());
     }
+    for (auto& k : nano.expert_dp_comm(expert_params)) sg.per_iteration.push_back(std::move(k));
     g.stages.push_back(std::move(sg));
   }
 

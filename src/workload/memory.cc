@@ -17,6 +17,13 @@
 // interleaved 1F1B it holds up to Schedule::max_in_flight(i) chunk passes, each over 1/v of the
 // stage's layers (about (1 + (p - 1) / (p v)) times the 1F1B figure on stage 0). Everything
 // left out (CUDA context, NCCL buffers, logits, fragmentation) makes the estimate a lower bound.
+// A mixture-of-experts layer holds its local experts (experts / ep, not tensor-parallel), the
+// replicated router and shared experts; the experts' optimizer state is sharded over the
+// expert-data-parallel ranks (Megatron-Core's distributed optimizer shards each parameter over
+// the group that reduces its gradient). Its stored activations replace Korthikanti's 19sbh MLP
+// term by the tensors the MoE layer keeps per token: the router input (2h) and probabilities
+// (4E, fp32), and per routed copy the permuted input (2h), FC1's output (4 f_e), the SwiGLU
+// output (2 f_e) and the expert output (2h).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -36,29 +43,60 @@ constexpr double kOptimizerBytes = 12;  // fp32 master weights, Adam momentum an
 // replicated), the vocabulary-parallel embedding on the first stage, the final norm and the
 // output layer on the last (a tied output layer still needs its own copy when pp > 1, as in
 // Megatron-LM).
-double stage_parameters(const Workload& w, int s) {
+struct StageParameters {
+  double all = 0;
+  double experts = 0;  ///< routed experts, of `all`
+};
+StageParameters stage_parameters(const Workload& w, int s) {
   const ModelConfig& m = w.model;
-  const double h = m.hidden, d = m.head_dim, t = w.parallel.tp;
-  const double matmul =
-      h * (m.heads + 2.0 * m.kv_heads) * d + m.heads * d * h + 3.0 * h * m.ffn_hidden;
+  const auto& par = w.parallel;
+  const double h = m.hidden, d = m.head_dim, t = par.tp;
+  const double attn = h * (m.heads + 2.0 * m.kv_heads) * d + m.heads * d * h;
   const double norms = 2.0 * h + (m.qk_norm ? 2.0 * d : 0.0);
-  double p = w.parallel.layers_of_stage(s) * (matmul / t + norms);
-  const int last = w.parallel.pp - 1;
-  if (s == 0) p += static_cast<double>(m.vocab) * h / t;
+  StageParameters p;
+  for (int vs = s; vs < par.virtual_stages(); vs += par.pp) {
+    const int first = par.first_layer(vs);
+    for (int l = first; l < first + par.stage_layers.at(static_cast<std::size_t>(vs)); ++l) {
+      if (!m.moe_layer(l)) {
+        p.all += (attn + 3.0 * h * m.ffn_hidden) / t + norms;
+        continue;
+      }
+      const double experts =
+          static_cast<double>(m.experts) / par.ep * 3.0 * h * m.expert_ffn_hidden;
+      const double shared = 3.0 * h * m.shared_experts * m.shared_expert_ffn_hidden;
+      p.all += attn / t + norms + h * m.experts + shared + experts;
+      p.experts += experts;
+    }
+  }
+  const int last = par.pp - 1;
+  if (s == 0) p.all += static_cast<double>(m.vocab) * h / t;
   if (s == last) {
-    p += h;
-    if (!m.tied_embeddings || last > 0) p += static_cast<double>(m.vocab) * h / t;
+    p.all += h;
+    if (!m.tied_embeddings || last > 0) p.all += static_cast<double>(m.vocab) * h / t;
   }
   return p;
 }
 
 // Bytes of one layer's activations for one micro-batch without recompute (Korthikanti et al.,
 // without the attention-matrix term), and of its input alone.
-double layer_activation_bytes(const Workload& w) {
-  const double sbh =
-      static_cast<double>(w.batch.seq_len) / w.parallel.cp * w.batch.micro_batch * w.model.hidden;
+double layer_activation_bytes(const Workload& w, bool moe) {
+  const double sb = static_cast<double>(w.batch.seq_len) / w.parallel.cp * w.batch.micro_batch;
+  const double sbh = sb * w.model.hidden;
   const double t = w.parallel.tp;
-  return w.parallel.sequence_parallel ? sbh * 34.0 / t : sbh * (10.0 + 24.0 / t);
+  const bool sp = w.parallel.sequence_parallel;
+  const double dense = sp ? sbh * 34.0 / t : sbh * (10.0 + 24.0 / t);
+  if (!moe) return dense;
+  const ModelConfig& m = w.model;
+  // Attention and norms: Korthikanti's total without the MLP's 19sbh (divided by t under SP).
+  const double attention = dense - sbh * 19.0 / t;
+  const double tokens = sp ? sb / t : sb;  // MoE layers require SP when t > 1
+  const double h = m.hidden, fe = m.expert_ffn_hidden;
+  const double routed = tokens * m.experts_per_token * m.expert_imbalance;
+  return attention + tokens * (2.0 * h + 4.0 * m.experts) + routed * (4.0 * h + 6.0 * fe);
+}
+double layer_activation_bytes(const Workload& w) {
+  return std::max(layer_activation_bytes(w, false),
+                  w.model.moe() ? layer_activation_bytes(w, true) : 0.0);
 }
 double layer_input_bytes(const Workload& w) {
   const double sbh =
@@ -96,11 +134,15 @@ MemoryEstimate estimate_memory(const Workload& w) {
   for (int s = 0; s < pp; ++s) {
     MemoryEstimate e;
     e.stage = s;
-    e.parameters = stage_parameters(w, s);
+    const StageParameters params = stage_parameters(w, s);
+    e.parameters = params.all;
+    e.expert_parameters = params.experts;
     e.weights_bytes = kWeightBytes * e.parameters;
     e.gradients_bytes = kGradientBytes * e.parameters;
     e.optimizer_bytes = kOptimizerBytes * e.parameters;
-    e.optimizer_distributed_bytes = e.optimizer_bytes / w.parallel.dp;
+    e.optimizer_distributed_bytes =
+        kOptimizerBytes *
+        ((params.all - params.experts) / w.parallel.dp + params.experts / w.parallel.expert_dp());
     e.inflight_microbatches = sched.max_in_flight(s);
     // Layers of one chunk pass: the stage's layers over its chunks.
     const double layers =

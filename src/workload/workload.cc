@@ -31,6 +31,27 @@ ModelConfig qwen3_17b() { return {"qwen3-1.7b", 28, 2048, 6144, 16, 8, 128, 1519
 ModelConfig llama33_70b() {
   return {"llama3.3-70b", 80, 8192, 28672, 64, 8, 128, 128256, false, false};
 }
+// Mixtures of experts (docs/moe.md gives each config's source): top-k routed experts in every
+// layer, no shared experts, no leading dense layers.
+ModelConfig moe_preset(const char* name, int layers, int hidden, int ffn, int heads, int kv_heads,
+                       int vocab, bool qk_norm, int experts, int top_k, int expert_ffn) {
+  ModelConfig c{name, layers, hidden, ffn, heads, kv_heads, 128, vocab, false, qk_norm};
+  c.experts = experts;
+  c.experts_per_token = top_k;
+  c.expert_ffn_hidden = expert_ffn;
+  return c;
+}
+// mistralai/Mixtral-8x7B-v0.1 config.json.
+ModelConfig mixtral_8x7b() {
+  return moe_preset("mixtral-8x7b", 32, 4096, 14336, 32, 8, 32000, false, 8, 2, 14336);
+}
+// Qwen/Qwen3-30B-A3B and Qwen/Qwen3-235B-A22B config.json (q/k RMSNorm as every Qwen3).
+ModelConfig qwen3_30b_a3b() {
+  return moe_preset("qwen3-30b-a3b", 48, 2048, 6144, 32, 4, 151936, true, 128, 8, 768);
+}
+ModelConfig qwen3_235b_a22b() {
+  return moe_preset("qwen3-235b-a22b", 94, 4096, 12288, 64, 4, 151936, true, 128, 8, 1536);
+}
 
 // Upper limits on every size a workload names. Planning work and memory grow with them (the
 // emulator and the frontier keep every (stage, micro-batch) pass; kernel shapes multiply them),
@@ -51,6 +72,13 @@ constexpr SizeLimit kSizeLimits[] = {
     {"model.kv_heads", 1024, "8x the most attention heads published (128)"},
     {"model.head_dim", 1024, "4x the largest head dimension in use (256)"},
     {"model.vocab", 4194304, "16x the largest published vocabulary (256K tokens)"},
+    {"model.experts", 4096, "16x the most routed experts published (256, DeepSeek-V3)"},
+    {"model.experts_per_token", 4096, "at most model.experts (checked against it)"},
+    {"model.expert_ffn_hidden", 524288, "the limit of model.ffn_hidden"},
+    {"model.shared_experts", 64, "8x the most shared experts published (DeepSeek-MoE: 2 of 64)"},
+    {"model.shared_expert_ffn_hidden", 524288, "the limit of model.ffn_hidden"},
+    {"model.dense_layers", 1024, "the limit of model.layers"},
+    {"parallel.ep", 131072, "the GPU count is at most 131072"},
     {"cluster.nodes", 16384, "131072 GPUs at 8 per node, beyond any cluster built"},
     {"cluster.gpus_per_node", 1024, "the largest NVLink domains hold 72 to 576 GPUs"},
     {"parallel.tp", 1024, "tensor parallelism stays inside one node"},
@@ -240,12 +268,45 @@ class Section {
   std::string prefix_;
 };
 
+// The mixture-of-experts keys of a model mapping: experts turns them on; the others then have
+// defaults or are required, and without experts none may appear.
+void parse_moe(const Section& m, ModelConfig& c) {
+  const char* moe_keys[] = {"experts_per_token",        "expert_ffn_hidden", "shared_experts",
+                            "shared_expert_ffn_hidden", "dense_layers",      "expert_imbalance"};
+  if (!m.has("experts")) {
+    for (const char* k : moe_keys) {
+      if (m.has(k)) m.fail(k, "only for a mixture of experts: set model.experts as well");
+    }
+    return;
+  }
+  c.experts = m.positive_int("experts");
+  c.experts_per_token = m.positive_int("experts_per_token");
+  c.expert_ffn_hidden = m.positive_int("expert_ffn_hidden");
+  if (m.has("shared_experts")) c.shared_experts = m.positive_int("shared_experts");
+  if (c.shared_experts > 0) {
+    c.shared_expert_ffn_hidden = m.positive_int_or("shared_expert_ffn_hidden", c.expert_ffn_hidden);
+  } else if (m.has("shared_expert_ffn_hidden")) {
+    m.fail("shared_expert_ffn_hidden", "only with model.shared_experts");
+  }
+  if (m.has("dense_layers")) c.dense_layers = m.positive_int("dense_layers");
+  if (m.has("expert_imbalance")) {
+    const YAML::Node n = m.get("expert_imbalance");
+    const auto v = n.IsScalar() ? number_value(n.Scalar()) : std::nullopt;
+    if (!v || !std::isfinite(*v)) {
+      m.fail("expert_imbalance",
+             "expected a number >= 1 (the busiest rank's tokens over the mean)");
+    }
+    c.expert_imbalance = *v;
+  }
+}
+
 ModelConfig parse_model(const Section& top) {
   const YAML::Node n = top.get("model");
   if (n.IsScalar()) return model_preset(n.as<std::string>());  // rethrown below with the file
   Section m = top.child("model");
   m.check_keys({"name", "layers", "hidden", "ffn_hidden", "heads", "kv_heads", "head_dim", "vocab",
-                "tied_embeddings", "qk_norm"});
+                "tied_embeddings", "qk_norm", "experts", "experts_per_token", "expert_ffn_hidden",
+                "shared_experts", "shared_expert_ffn_hidden", "dense_layers", "expert_imbalance"});
   ModelConfig c;
   c.name = m.has("name") ? m.string("name") : "custom";
   c.layers = m.positive_int("layers");
@@ -260,14 +321,26 @@ ModelConfig parse_model(const Section& top) {
   if (c.heads % c.kv_heads != 0) {
     m.fail("kv_heads", fmt::format("must divide heads ({}), got {}", c.heads, c.kv_heads));
   }
+  parse_moe(m, c);
   return c;
 }
 
 ClusterConfig parse_cluster(const Section& c) {
-  c.check_keys({"nodes", "gpus_per_node"});
+  c.check_keys({"nodes", "gpus_per_node", "nccl"});
   ClusterConfig cluster;
   cluster.nodes = c.positive_int("nodes");
   cluster.gpus_per_node = c.positive_int("gpus_per_node");
+  if (c.has("nccl")) {
+    const std::string v = c.string("nccl");
+    int major = 0, minor = 0;
+    char dot = 0, extra = 0;
+    std::istringstream in(v);
+    if (!(in >> major >> dot >> minor) || dot != '.' || (in >> extra) || major < 1 || major > 99 ||
+        minor < 0 || minor > 99) {
+      c.fail("nccl", fmt::format("expected a version as major.minor, e.g. \"2.28\"; got '{}'", v));
+    }
+    cluster.nccl_version = major * 100 + minor;
+  }
   return cluster;
 }
 
@@ -294,13 +367,14 @@ std::vector<int> parse_stage_layers(const Section& p, int model_layers) {
 }
 
 ParallelConfig parse_parallel(const Section& p, int model_layers) {
-  p.check_keys({"tp", "cp", "pp", "dp", "sequence_parallel", "virtual_pipeline", "overlap_dp_comm",
-                "stage_layers"});
+  p.check_keys({"tp", "cp", "pp", "dp", "ep", "sequence_parallel", "virtual_pipeline",
+                "overlap_dp_comm", "stage_layers"});
   ParallelConfig par;
   par.tp = p.positive_int_or("tp", 1);
   par.cp = p.positive_int_or("cp", 1);
   par.pp = p.positive_int_or("pp", 1);
   par.dp = p.positive_int_or("dp", 1);
+  par.ep = p.positive_int_or("ep", 1);
   par.sequence_parallel = p.boolean_or("sequence_parallel", false);
   par.virtual_pipeline = p.positive_int_or("virtual_pipeline", 1);
   par.overlap_dp_comm = p.boolean_or("overlap_dp_comm", true);
@@ -356,6 +430,13 @@ void check_sizes(const Workload& w) {
       {"model.kv_heads", m.kv_heads},
       {"model.head_dim", m.head_dim},
       {"model.vocab", m.vocab},
+      {"model.experts", m.moe() ? m.experts : 1},
+      {"model.experts_per_token", m.moe() ? m.experts_per_token : 1},
+      {"model.expert_ffn_hidden", m.moe() ? m.expert_ffn_hidden : 1},
+      {"model.shared_experts", m.shared_experts > 0 ? m.shared_experts : 1},
+      {"model.shared_expert_ffn_hidden", m.shared_experts > 0 ? m.shared_expert_ffn_hidden : 1},
+      {"model.dense_layers", m.dense_layers > 0 ? m.dense_layers : 1},
+      {"parallel.ep", p.ep},
       {"cluster.nodes", w.cluster.nodes},
       {"cluster.gpus_per_node", w.cluster.gpus_per_node},
       {"parallel.tp", p.tp},
@@ -393,6 +474,12 @@ void check_sizes(const Workload& w) {
 
 }  // namespace
 
+int ParallelConfig::first_layer(int virtual_stage) const {
+  int n = 0;
+  for (int vs = 0; vs < virtual_stage; ++vs) n += stage_layers.at(static_cast<std::size_t>(vs));
+  return n;
+}
+
 int ParallelConfig::layers_of_stage(int stage) const {
   int n = 0;
   for (std::size_t vs = 0; vs < stage_layers.size(); ++vs) {
@@ -410,18 +497,79 @@ double Workload::tokens_per_iteration() const {
 }
 
 std::vector<std::string> model_preset_names() {
-  return {"llama3.2-3b", "qwen3-1.7b", "llama3.3-70b"};
+  return {"llama3.2-3b",  "qwen3-1.7b",    "llama3.3-70b",
+          "mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b"};
 }
 
 ModelConfig model_preset(const std::string& name) {
   if (name == "llama3.2-3b") return llama32_3b();
   if (name == "qwen3-1.7b") return qwen3_17b();
   if (name == "llama3.3-70b") return llama33_70b();
+  if (name == "mixtral-8x7b") return mixtral_8x7b();
+  if (name == "qwen3-30b-a3b") return qwen3_30b_a3b();
+  if (name == "qwen3-235b-a22b") return qwen3_235b_a22b();
   throw InvalidInput(
       fmt::format("unknown model preset '{}'; presets: {} (or a mapping with "
                   "layers, hidden, ffn_hidden, heads, kv_heads, head_dim, vocab)",
                   name, fmt::join(model_preset_names(), ", ")));
 }
+
+namespace {
+
+// The mixture-of-experts rules (docs/moe.md): Megatron-LM's, with its MoE parallel folding.
+template <typename Fail>
+void validate_moe(const Workload& w, const Fail& fail) {
+  const auto& m = w.model;
+  const auto& p = w.parallel;
+  if (!m.moe()) {
+    if (p.ep != 1) {
+      fail("parallel.ep", fmt::format("expert parallelism needs a mixture of experts (set "
+                                      "model.experts or use a MoE preset: {}), got ep = {}",
+                                      "mixtral-8x7b, qwen3-30b-a3b, qwen3-235b-a22b", p.ep));
+    }
+    return;
+  }
+  if (m.experts_per_token > m.experts) {
+    fail("model.experts_per_token", fmt::format("top-k must be at most model.experts ({}), got {}",
+                                                m.experts, m.experts_per_token));
+  }
+  if (m.dense_layers >= m.layers) {
+    fail("model.dense_layers",
+         fmt::format("must leave at least one MoE layer: below model.layers ({}), got {}", m.layers,
+                     m.dense_layers));
+  }
+  if (!(m.expert_imbalance >= 1.0) || m.expert_imbalance > std::max(1, p.ep)) {
+    fail("model.expert_imbalance",
+         fmt::format("allowed 1 (balanced) up to parallel.ep = {} (every token on one rank), "
+                     "got {}",
+                     p.ep, m.expert_imbalance));
+  }
+  if (p.gpus_per_stage() % p.ep != 0) {
+    fail("parallel.ep", fmt::format("ep ({}) must divide the GPUs of a pipeline stage, tp*cp*dp = "
+                                    "{}*{}*{} = {} (Megatron-Core's MoE parallel folding, expert "
+                                    "tensor parallelism 1)",
+                                    p.ep, p.tp, p.cp, p.dp, p.gpus_per_stage()));
+  }
+  if (m.experts % p.ep != 0) {
+    fail("parallel.ep", fmt::format("ep ({}) must divide model.experts ({}): every rank holds the "
+                                    "same number of experts",
+                                    p.ep, m.experts));
+  }
+  if (p.ep > w.cluster.gpus_per_node && p.ep % w.cluster.gpus_per_node != 0) {
+    fail("parallel.ep",
+         fmt::format("an expert-parallel group across nodes must hold whole nodes: ep ({}) a "
+                     "multiple of cluster.gpus_per_node ({})",
+                     p.ep, w.cluster.gpus_per_node));
+  }
+  if (p.tp > 1 && !p.sequence_parallel) {
+    fail("parallel.sequence_parallel",
+         fmt::format("a mixture of experts with tp = {} needs sequence_parallel: true "
+                     "(Megatron-LM's rule: each TP rank routes its share of the tokens)",
+                     p.tp));
+  }
+}
+
+}  // namespace
 
 void validate_workload(const Workload& w) {
   check_sizes(w);
@@ -502,6 +650,7 @@ void validate_workload(const Workload& w) {
     fail("parallel.tp", fmt::format("tp ({}) must fit inside one node (gpus_per_node = {})", p.tp,
                                     w.cluster.gpus_per_node));
   }
+  validate_moe(w, fail);
 }
 
 Workload parse_workload(const std::string& yaml_text, const std::string& source) {

@@ -244,14 +244,14 @@ TEST(PlanFile, OutOfRangeFieldsAreRefusedWithoutAWorkload) {
       cases = {
           {part + ".sms",
            [&](nlohmann::json& j) {
-             j["stages"][1]["instructions"][3]["partitions"][key]["sms"] = 0;
+             j["stages"][1]["instructions"][3]["partitions"][key]["sms"] = -1;
            },
-           "0: allowed 1..32"},
+           "-1: allowed 0 (the copy engines, where the collective allows them) or 1..32"},
           {part + ".sms",
            [&](nlohmann::json& j) {
              j["stages"][1]["instructions"][3]["partitions"][key]["sms"] = 1000;
            },
-           "1000: allowed 1..32"},
+           "1000: allowed 0 (the copy engines, where the collective allows them) or 1..32"},
           {part + ".instances",
            [&](nlohmann::json& j) {
              j["stages"][1]["instructions"][3]["partitions"][key]["instances"] = -2;

@@ -201,7 +201,13 @@ TEST(PlanV2, ValidationNamesTheField) {
   const std::vector<Case> cases = {
       {"sms99",
        [&](nlohmann::json& j) { j["stages"][1]["instructions"][3]["partitions"][key]["sms"] = 99; },
-       "stages[1].instructions[3].partitions." + key + ".sms", "allowed 1..32", ""},
+       "stages[1].instructions[3].partitions." + key + ".sms", "1..32 (NCCL's channel limit)", ""},
+      // The copy engines (0 SMs) only where every collective of the chain is an all-to-all
+      // inside one node: never in this dense job.
+      {"sms0",
+       [&](nlohmann::json& j) { j["stages"][1]["instructions"][3]["partitions"][key]["sms"] = 0; },
+       "stages[1].instructions[3].partitions." + key + ".sms",
+       "0: partition " + key + " allows 1..32 (NCCL's channel limit)", ""},
       {"slot",
        [&](nlohmann::json& j) {
          j["stages"][1]["instructions"][3]["partitions"][key]["slot"] = "nowhere";

@@ -180,6 +180,10 @@ TEST(Formats, DocumentedKeysAreExactlyTheEmittedOnes) {
   KeyChecker c(documented_tables());
 
   c.add("workload show --json", run_json("workload show " + llama + " --json"));
+  // A mixture of experts adds grouped GEMMs and all-to-alls.
+  c.add("workload show --json",
+        run_json("workload show " +
+                 test::source_path("workloads/moe/qwen3-30b-a3b_h100_ep8_dp8.yaml") + " --json"));
   c.add("profile --json", run_json("profile " + llama +
                                    " --partition fwd_attn --freq 1410 --sms 24 --slot norm "
                                    "--json"));

@@ -8,6 +8,7 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "kareus/instruction_settings.h"
 #include "kareus/partition.h"
 #include "kareus/table.h"
 
@@ -25,12 +26,18 @@ nlohmann::json kernel_json(const Kernel& k) {
       {"name", k.name},     {"kind", to_string(k.kind)},  {"flops", k.flops},
       {"bytes", k.bytes()}, {"bytes_read", k.bytes_read}, {"bytes_written", k.bytes_written}};
   if (k.kind == OpKind::kGemm) j["shape"] = {k.m, k.n, k.k};
+  if (k.groups > 1) j["groups"] = k.groups;
   if (k.is_collective()) {
     j["collective"] = to_string(k.collective);
     j["group"] = to_string(k.group);
     j["group_size"] = k.group_size;
     j["payload_bytes"] = k.payload_bytes;
+    j["wire_bytes"] = k.wire_bytes();
     j["inter_node"] = k.inter_node;
+    if (k.collective == CollectiveKind::kAllToAll) {
+      j["node_ranks"] = k.node_ranks;
+      j["copy_engine"] = k.copy_engine;
+    }
   }
   return j;
 }
@@ -63,6 +70,7 @@ nlohmann::json workload_json(const Workload& w, const PartitionSet& ps) {
       for (const auto& k : p.comm_tail) pj["comm_tail"].push_back(kernel_json(k));
     }
     pj["launch_slots"] = p.slot_names();
+    pj["copy_engine"] = copy_engine_eligible(p);
     pj["compute_ops"] = nlohmann::json::array();
     for (const auto& k : p.compute_ops) pj["compute_ops"].push_back(kernel_json(k));
     pj["compute_flops"] = p.compute_flops();
@@ -76,6 +84,7 @@ nlohmann::json workload_json(const Workload& w, const PartitionSet& ps) {
   const MemoryEstimate m = estimate_memory(w);
   j["memory"] = {{"stage", m.stage},
                  {"parameters", m.parameters},
+                 {"expert_parameters", m.expert_parameters},
                  {"weights_bytes", m.weights_bytes},
                  {"gradients_bytes", m.gradients_bytes},
                  {"optimizer_bytes", m.optimizer_bytes},
@@ -125,7 +134,12 @@ std::string memory_text(const Workload& w) {
   t.add_row(
       {"optimizer state (Adam, fp32)", gib(m.optimizer_bytes), "12 B/parameter (ZeRO, SC '20)"});
   t.add_row({"  with distributed optimizer", gib(m.optimizer_distributed_bytes),
-             fmt::format("12 B/parameter / dp {}", w.parallel.dp)});
+             w.model.moe()
+                 ? fmt::format("12 B/parameter / dp {}; routed experts ({:.3g} "
+                               "parameters, {} of {} per GPU) / expert dp {}",
+                               w.parallel.dp, m.expert_parameters, w.model.experts / w.parallel.ep,
+                               w.model.experts, w.parallel.expert_dp())
+                 : fmt::format("12 B/parameter / dp {}", w.parallel.dp)});
   t.add_row(
       {"activations", gib(m.activations_bytes),
        fmt::format("{} micro-batches in flight, recompute {} (Korthikanti et al. '22)",
@@ -144,12 +158,23 @@ std::string memory_text(const Workload& w) {
 
 std::string workload_text(const Workload& w, const PartitionSet& ps) {
   std::string out = fmt::format(
-      "workload {}: {} on {} x {} ({} GPUs), tp {} cp {} pp {} dp {}{}, micro-batch {} x seq {}, "
-      "{} micro-batches, {} nano-batches\n",
+      "workload {}: {} on {} x {} ({} GPUs), tp {} cp {} pp {} dp {}{}{}, micro-batch {} x seq "
+      "{}, {} micro-batches, {} nano-batches\n",
       w.name, w.model.name, w.cluster.nodes, w.cluster.gpus_per_node, w.cluster.gpus(),
       w.parallel.tp, w.parallel.cp, w.parallel.pp, w.parallel.dp,
-      w.parallel.sequence_parallel ? " (sequence parallel)" : "", w.batch.micro_batch,
-      w.batch.seq_len, w.batch.micro_batches, w.batch.nano_batches);
+      w.parallel.sequence_parallel ? " (sequence parallel)" : "",
+      w.model.moe() ? fmt::format(" ep {} (expert dp {})", w.parallel.ep, w.parallel.expert_dp())
+                    : std::string(),
+      w.batch.micro_batch, w.batch.seq_len, w.batch.micro_batches, w.batch.nano_batches);
+  if (w.model.moe()) {
+    const auto& m = w.model;
+    out += fmt::format(
+        "mixture of experts: {} routed experts (top {}, FFN {}), {} shared, {} leading dense "
+        "layers, {} experts per GPU, load imbalance {:g}, NCCL {}.{}\n",
+        m.experts, m.experts_per_token, m.expert_ffn_hidden, m.shared_experts, m.dense_layers,
+        m.experts / w.parallel.ep, m.expert_imbalance, w.cluster.nccl_version / 100,
+        w.cluster.nccl_version % 100);
+  }
   const Schedule sched = w.schedule();
   out += fmt::format(
       "schedule {}{}: ideal bubble (p-1)/(v*m) = {:.1f}% of the compute\n", sched.name(),
@@ -160,7 +185,8 @@ std::string workload_text(const Workload& w, const PartitionSet& ps) {
                      human_flops(ps.graph.model_flops_per_iteration),
                      human_flops(ps.graph.hardware_flops_per_iteration));
   out += memory_text(w) + "\n";
-  TextTable t({"partition", "collective", "payload", "launch slots", "repeats", "compute FLOPs"});
+  TextTable t(
+      {"partition", "collective", "payload", "SMs", "launch slots", "repeats", "compute FLOPs"});
   for (const auto& p : ps.partitions) {
     std::string slots;
     for (const auto& s : p.slot_names()) slots += (slots.empty() ? "" : ",") + s;
@@ -179,8 +205,10 @@ std::string workload_text(const Workload& w, const PartitionSet& ps) {
     t.add_row(
         {p.key,
          fmt::format("{} {}/{}", chain, to_string(p.collective.group), p.collective.group_size),
-         human_bytes(p.collective.payload_bytes), slots, std::to_string(p.repeats()),
-         human_flops(p.compute_flops())});
+         human_bytes(p.collective.payload_bytes),
+         copy_engine_eligible(p) ? fmt::format("0 (CE), 1..{}", kMaxCollectiveSms)
+                                 : fmt::format("1..{}", kMaxCollectiveSms),
+         slots, std::to_string(p.repeats()), human_flops(p.compute_flops())});
   }
   out += t.render();
   out += "\nsegments (run without overlap):\n";
