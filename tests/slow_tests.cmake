@@ -8,4 +8,5 @@ set_tests_properties(
   Plan.PerLayerNeverWorseAndReplays
   Calibration.FitReproducesCommittedDefaults
   Zoo.NeverWorseThanBaselinesAndHonestFastEnds
+  Zoo.MixtureOfExpertsNeverWorseThanBaselines
   PROPERTIES LABELS slow)
