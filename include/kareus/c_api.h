@@ -128,7 +128,7 @@ int kareus_plan_instruction_sequential(const kareus_plan* plan, int index, int* 
 
 typedef struct kareus_partition_info {
   const char* key;     /* e.g. "fwd_attn" */
-  int sms;             /* SMs (NCCL CTAs) of the collective */
+  int sms;             /* SMs (NCCL CTAs) of the collective; 0: the copy engines (NCCL CE) */
   const char* slot;    /* launch slot name, e.g. "qkv" */
   const char* slot_op; /* compute op the collective is launched before, e.g. "qkv_gemm" */
   int slot_op_index;   /* its index among the block's compute ops */

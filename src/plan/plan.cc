@@ -518,6 +518,11 @@ std::string rank_ranges(const std::vector<int>& ranks) {
   return fmt::format("{}", fmt::join(parts, ","));
 }
 
+// "24 SMs", or "copy engines" for kCopyEngineSms.
+std::string sms_text(int sms) {
+  return sms == kCopyEngineSms ? "copy engines" : fmt::format("{} SMs", sms);
+}
+
 // Distinct settings of each partition over a stage's instructions: key -> "setting" -> count.
 std::map<std::string, std::map<std::string, int>> partition_choices(const PlanStage& st) {
   std::map<std::string, std::map<std::string, int>> out;
@@ -525,10 +530,12 @@ std::map<std::string, std::map<std::string, int>> partition_choices(const PlanSt
     for (const auto& [key, c] : in.partitions) {
       const std::string name = key + (c.recompute ? " (recompute)" : "");
       if (c.mix.empty()) {
-        out[name][fmt::format("{} SMs @ {} (before {})", c.sms, c.slot, c.slot_op)] += c.instances;
+        out[name][fmt::format("{} @ {} (before {})", sms_text(c.sms), c.slot, c.slot_op)] +=
+            c.instances;
       }
       for (const auto& e : c.mix) {
-        out[name][fmt::format("{} SMs @ {} (before {})", e.sms, e.slot, e.slot_op)] += e.instances;
+        out[name][fmt::format("{} @ {} (before {})", sms_text(e.sms), e.slot, e.slot_op)] +=
+            e.instances;
       }
     }
   }

@@ -653,3 +653,52 @@ TEST_F(CApi, FreeingAnAttachedControllerDetachesItsPlans) {
 
 }  // namespace
 }  // namespace kareus
+
+namespace kareus {
+namespace {
+
+// A mixture-of-experts plan through the runtime's reader: its all-to-all partitions may carry
+// 0 SMs (the copy engines) and the reader hands that on; 0 on a partition whose collective
+// needs SMs is refused with the field named.
+TEST(CApiMoe, CopyEngineSettingsReachTheRuntimeOnlyWhereAllowed) {
+  test::TempDir dir;
+  const std::string wl = test::source_path("tests/runtime/data/tiny_moe_ep4.yaml");
+  const auto r = test::run_cli("plan " + wl + " --max-throughput --budget 16 --quiet --out " +
+                               dir.file("plan.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json plan = nlohmann::json::parse(test::read_file(dir.file("plan.json")));
+  auto& parts = plan["stages"][0]["instructions"][0]["partitions"];
+  ASSERT_TRUE(parts.contains("fwd_moe_experts_a2a")) << parts.dump();
+  ASSERT_TRUE(parts.contains("fwd_moe_route_ar")) << parts.dump();
+  parts["fwd_moe_experts_a2a"]["sms"] = 0;
+  const std::string ok = dir.write("ce.json", plan.dump());
+  kareus_plan* p = nullptr;
+  ASSERT_EQ(kareus_plan_open(ok.c_str(), wl.c_str(), 0, &p), KAREUS_OK) << kareus_last_error();
+  kareus_instruction_info info;
+  ASSERT_EQ(kareus_plan_instruction(p, 0, &info), KAREUS_OK);
+  bool found = false;
+  for (int k = 0; k < info.partition_count; ++k) {
+    kareus_partition_info pi;
+    ASSERT_EQ(kareus_plan_partition(p, 0, k, &pi), KAREUS_OK);
+    if (std::string(pi.key) == "fwd_moe_experts_a2a") {
+      EXPECT_EQ(pi.sms, 0);
+      found = true;
+    }
+  }
+  EXPECT_TRUE(found);
+  kareus_plan_close(p);
+  // The router's partition overlaps an (empty) TP reduction, not an all-to-all.
+  parts["fwd_moe_route_ar"]["sms"] = 0;
+  const std::string bad = dir.write("bad.json", plan.dump());
+  p = nullptr;
+  EXPECT_EQ(kareus_plan_open(bad.c_str(), wl.c_str(), 0, &p), KAREUS_ERR_INVALID_INPUT);
+  EXPECT_EQ(p, nullptr);
+  const std::string err = kareus_last_error();
+  EXPECT_NE(err.find("stages[0].instructions[0].partitions.fwd_moe_route_ar.sms': 0: partition "
+                     "fwd_moe_route_ar allows 1..32"),
+            std::string::npos)
+      << err;
+}
+
+}  // namespace
+}  // namespace kareus
