@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 #include "kareus/error.h"
 #include "kareus/kernel_graph.h"
@@ -220,6 +221,49 @@ TEST(Moe, MemoryShardsTheExpertsOverEp) {
   const MemoryEstimate m4 = estimate_memory(parse_workload(qwen30b("{tp: 1, dp: 8, ep: 4}"), "x"));
   EXPECT_DOUBLE_EQ(m4.expert_parameters, 2 * experts);
   EXPECT_NEAR(m4.optimizer_distributed_bytes, 12 * (dense / 8 + 2 * experts / 2), 16.0);
+}
+
+// `kareus workload show --json` on each MoE preset's suite file: the dispatch's payload and the
+// expert block's FLOPs by hand. Tokens of one nano-batch on one rank T = seq / cp / tp (one
+// sequence per nano-batch; SP shards them over TP); routed copies R = T x top-k; payload R x h x
+// 2 B; experts block 6 h f_e FLOPs per routed copy (FC1 gate+up and FC2) plus SwiGLU's 5 per
+// element of R x f_e.
+TEST(Moe, WorkloadShowListsTheAllToAllsOfEveryPreset) {
+  struct Case {
+    const char* file;
+    double tokens, top_k, hidden, expert_ffn, experts_per_gpu;
+  };
+  const Case cases[] = {
+      {"workloads/moe/mixtral-8x7b_h100_tp2_sp_ep8_dp8.yaml", 4096.0 / 2, 2, 4096, 14336, 1},
+      {"workloads/moe/qwen3-30b-a3b_h100_ep8_dp8.yaml", 4096, 8, 2048, 768, 16},
+      {"workloads/moe/qwen3-235b-a22b_h100_tp4_sp_cp2_pp16_ep8.yaml", 4096.0 / 2 / 4, 8, 4096, 1536,
+       16},
+  };
+  for (const Case& c : cases) {
+    const auto r =
+        test::run_cli(std::string("workload show ") + test::source_path(c.file) + " --json");
+    ASSERT_EQ(r.exit_code, 0) << c.file << ": " << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    const double routed = c.tokens * c.top_k;
+    bool found = false;
+    for (const auto& p : j.at("partitions")) {
+      if (p.at("key") != "fwd_moe_experts_a2a") continue;
+      found = true;
+      EXPECT_EQ(p.at("collective").at("kind"), "alltoall") << c.file;
+      EXPECT_EQ(p.at("collective").at("group"), "ep") << c.file;
+      EXPECT_EQ(p.at("collective").at("group_size"), 8) << c.file;
+      EXPECT_DOUBLE_EQ(p.at("collective").at("bytes").get<double>(), routed * c.hidden * 2)
+          << c.file;
+      const double flops = routed * 6 * c.hidden * c.expert_ffn + 5 * routed * c.expert_ffn;
+      EXPECT_NEAR(p.at("compute_flops").get<double>() / flops, 1.0, 1e-12) << c.file;
+      EXPECT_TRUE(p.at("copy_engine").get<bool>()) << c.file;
+      const auto& fc1 = p.at("compute_ops").at(0);
+      EXPECT_EQ(fc1.at("name"), "expert_fc1");
+      EXPECT_EQ(fc1.value("groups", 1), c.experts_per_gpu) << c.file;  // absent: one
+    }
+    EXPECT_TRUE(found) << c.file;
+    EXPECT_GT(j.at("memory").at("expert_parameters").get<double>(), 0) << c.file;
+  }
 }
 
 }  // namespace
