@@ -23,11 +23,14 @@ json kernel_json(const Kernel& k) {
           {"m", k.m},
           {"n", k.n},
           {"k", k.k},
+          {"groups", k.groups},
           {"collective", static_cast<int>(k.collective)},
           {"group", static_cast<int>(k.group)},
           {"group_size", k.group_size},
           {"payload_bytes", k.payload_bytes},
-          {"inter_node", k.inter_node}};
+          {"inter_node", k.inter_node},
+          {"node_ranks", k.node_ranks},
+          {"copy_engine", k.copy_engine}};
 }
 
 Kernel kernel_from(const json& j) {
@@ -41,11 +44,14 @@ Kernel kernel_from(const json& j) {
   k.m = j.at("m").get<std::int64_t>();
   k.n = j.at("n").get<std::int64_t>();
   k.k = j.at("k").get<std::int64_t>();
+  k.groups = j.at("groups").get<int>();
   k.collective = static_cast<CollectiveKind>(j.at("collective").get<int>());
   k.group = static_cast<CommGroup>(j.at("group").get<int>());
   k.group_size = j.at("group_size").get<int>();
   k.payload_bytes = j.at("payload_bytes").get<double>();
   k.inter_node = j.at("inter_node").get<bool>();
+  k.node_ranks = j.at("node_ranks").get<int>();
+  k.copy_engine = j.at("copy_engine").get<bool>();
   return k;
 }
 

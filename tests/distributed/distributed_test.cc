@@ -143,6 +143,17 @@ TEST(DistributedSerialize, PartitionAndSegmentRoundTripExactly) {
   const EmulatorModel m(gpu_by_name("h100-sxm"));
   EXPECT_EQ(m.simulate_partition(d, {1980, 8, "qkv"}).time_s,
             m.simulate_partition(c, {1980, 8, "qkv"}).time_s);
+  // A mixture of experts' partition: the grouped GEMM's groups and the all-to-all's copy-engine
+  // capability travel, so a worker measures 0 SMs (the copy engines) as rank 0 would.
+  const PartitionSet moe = partition_workload(
+      load_workload(test::source_path("workloads/moe/qwen3-30b-a3b_h100_ep8_dp8.yaml")));
+  const Partition& e = moe.partition("fwd_moe_experts_a2a");
+  const Partition f = decode_partition(encode_partition(e));
+  EXPECT_EQ(f.compute_ops.front().groups, 16);
+  EXPECT_TRUE(f.collective.copy_engine);
+  EXPECT_EQ(f.collective.node_ranks, e.collective.node_ranks);
+  EXPECT_EQ(m.simulate_partition(f, {1980, 0, "linear"}).time_s,
+            m.simulate_partition(e, {1980, 0, "linear"}).time_s);
 }
 
 TEST(DistributedProfiling, BatchEqualsLocalMeasurementsInOrderAndUsesEveryWorker) {
