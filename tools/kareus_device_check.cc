@@ -16,8 +16,13 @@ int run(int argc, char** argv) {
   kareus::cuda::DeviceCheckOptions o;
   o.workload =
       std::string(KAREUS_SOURCE_DIR) + "/workloads/paper/llama3.2-3b_tp8_mbs8_seq4096.yaml";
+  o.moe_workload =
+      std::string(KAREUS_SOURCE_DIR) + "/workloads/moe/qwen3-30b-a3b_h100_ep8_dp8.yaml";
   std::string json_path;
   app.add_option("--workload", o.workload, "workload YAML")->capture_default_str();
+  app.add_option("--moe-workload", o.moe_workload,
+                 "mixture-of-experts workload for the grouped-GEMM and all-to-all row (\"\": none)")
+      ->capture_default_str();
   app.add_option("--device", o.device, "CUDA device index")->capture_default_str();
   app.add_option("--window-s", o.window_s, "measurement window (s)")->capture_default_str();
   app.add_option("--cooldown-s", o.cooldown_s, "cool-down after each point (s)")

@@ -23,6 +23,7 @@
 #include "builtin.h"
 #include "cudnn_sdpa_backend.h"
 #include "kareus/error.h"
+#include "kareus/instruction_settings.h"
 
 namespace kareus {
 namespace cuda {
@@ -331,6 +332,12 @@ void CudaProfiler::check_observed_clock(const std::string& what, const ProtocolR
 }
 
 Measurement CudaProfiler::measure(const Partition& p, const PartitionConfig& c) {
+  if (c.sms == kCopyEngineSms && !copy_engine_eligible(p)) {
+    throw InvalidInput(
+        fmt::format("partition {}: sms {} (the copy engines) is not allowed for its "
+                    "collective {}; allowed: {}",
+                    p.key, c.sms, p.collective.name, allowed_sms_text(p)));
+  }
   const ExecutionPlan plan = plan_partition(p, c.slot);
   const ProtocolResult r = measure_plan(
       fmt::format("partition {} (freq {} MHz, sms {}, slot {})", p.key, c.freq_mhz, c.sms, c.slot),

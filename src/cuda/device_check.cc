@@ -7,7 +7,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
+#include <optional>
 #include <ostream>
 #include <utility>
 #include <vector>
@@ -17,6 +20,7 @@
 #include "cudnn_sdpa_backend.h"
 #include "kareus/emulator.h"
 #include "kareus/error.h"
+#include "kareus/instruction_settings.h"
 #include "kareus/nvml.h"
 #include "kareus/partition.h"
 #include "kareus/table.h"
@@ -75,12 +79,21 @@ std::pair<double, double> mean_cv(const std::vector<double>& v) {
   return {mean, std::sqrt(ss / static_cast<double>(v.size() - 1)) / mean};
 }
 
+// What measure_partitions() measures: partitions, the SM counts of each, rounds, and how the
+// JSON rows are filed.
+struct PartitionRows {
+  std::vector<const Partition*> partitions;
+  std::function<std::vector<int>(const Partition&)> sms;
+  int rounds = 1;
+  std::string collective;  // every row's "collective" field
+  std::string json_key;    // the rows' array in the JSON
+};
+
 // Measures every partition at the card's clock for each SM count and round, beside the
-// emulator's prediction when the card is in the catalogue; adds "partitions" (one row per
-// measurement) and, with several rounds, "repeatability" to `j`; returns the tables.
-std::string measure_partitions(const PartitionSet& ps, CudaProfiler& prof, const DeviceInfo& dev,
-                               const std::string& mapped, int clock, const DeviceCheckOptions& o,
-                               nlohmann::json& j) {
+// emulator's prediction when the card is in the catalogue; adds the rows (one per measurement)
+// under `rows.json_key` and, with several rounds, "repeatability" to `j`; returns the tables.
+std::string measure_partitions(const PartitionRows& rows, CudaProfiler& prof,
+                               const std::string& mapped, int clock, nlohmann::json& j) {
   const EmulatorModel model(prof.gpu());
   TextTable t({"partition", "sms", "round", "time_s", "energy_j", "power_w", "clock_mhz min..max",
                "reasons", "temp_c", "emulator time_s", "emulator energy_j", "stable"});
@@ -91,14 +104,11 @@ std::string measure_partitions(const PartitionSet& ps, CudaProfiler& prof, const
     std::vector<double> time_s, energy_j, clock_mhz;
   };
   std::vector<Point> points;
-  for (int round = 0; round < o.repeats; ++round) {
+  for (int round = 0; round < rows.rounds; ++round) {
     std::size_t k = 0;
-    for (const Partition& p : ps.partitions) {
-      std::vector<int> sms_list = o.sms;
-      if (sms_list.empty()) {
-        sms_list = {std::min(model.default_collective_sms(p.collective), dev.sm_count - 1)};
-      }
-      for (int sms : sms_list) {
+    for (const Partition* pp : rows.partitions) {
+      const Partition& p = *pp;
+      for (int sms : rows.sms(p)) {
         PartitionConfig c;
         c.freq_mhz = clock;
         c.sms = sms;
@@ -113,7 +123,8 @@ std::string measure_partitions(const PartitionSet& ps, CudaProfiler& prof, const
         nlohmann::json row = {
             {"partition", p.key},
             {"round", round},
-            {"collective", "proxy"},
+            {"collective", rows.collective},
+            {"collective_kind", kareus::to_string(p.collective.collective)},
             {"sms", c.sms},
             {"slot", c.slot},
             {"time_s", m.time_s},
@@ -137,7 +148,7 @@ std::string measure_partitions(const PartitionSet& ps, CudaProfiler& prof, const
           pred_t = fmt::format("{:.5f}", s.time_s);
           pred_e = fmt::format("{:.3f}", e);
         }
-        j["partitions"].push_back(row);
+        j[rows.json_key].push_back(row);
         t.add_row({p.key, std::to_string(c.sms), std::to_string(round),
                    fmt::format("{:.5f}", m.time_s), fmt::format("{:.3f}", m.energy_j),
                    fmt::format("{:.0f}", m.energy_j / m.time_s),
@@ -149,7 +160,7 @@ std::string measure_partitions(const PartitionSet& ps, CudaProfiler& prof, const
     }
   }
   std::string text = t.render();
-  if (o.repeats < 2) return text;
+  if (rows.rounds < 2) return text;
   TextTable rep({"partition", "sms", "rounds", "time_s mean", "time cv %", "energy_j mean",
                  "energy cv %", "lowest clock_mhz mean"});
   for (const Point& pt : points) {
@@ -172,6 +183,61 @@ std::string measure_partitions(const PartitionSet& ps, CudaProfiler& prof, const
   return text + "repeatability (coefficient of variation over the rounds):\n" + rep.render();
 }
 
+// The mixture-of-experts partition of `o.moe_workload` (nullopt when it is empty): the first
+// whose compute has a grouped GEMM (the local experts) and whose collective is a plain
+// all-to-all (no communication chain). Throws InvalidInput when there is none.
+std::optional<Partition> grouped_gemm_partition(const DeviceCheckOptions& o) {
+  if (o.moe_workload.empty()) return std::nullopt;
+  const PartitionSet ps = partition_workload(load_workload(o.moe_workload));
+  for (const Partition& p : ps.partitions) {
+    if (p.collective.collective != CollectiveKind::kAllToAll || !p.comm_tail.empty()) continue;
+    for (const Kernel& k : p.compute_ops) {
+      if (k.kind == OpKind::kGemm && k.groups > 1) return p;
+    }
+  }
+  throw InvalidInput(
+      fmt::format("--moe-workload {}: no partition with a grouped GEMM and an all-to-all (is it a "
+                  "mixture-of-experts workload?)",
+                  o.moe_workload));
+}
+
+// The MoE row: one grouped-GEMM partition of `o.moe_workload` with its all-to-all as the copy
+// proxy of the bytes that leave the GPU, on NCCL's default CTAs and, where the partition
+// allows it, on the copy engines (0 SMs). Adds "moe" and "moe_partitions" to `j`.
+std::string measure_moe(const DeviceCheckOptions& o, const std::optional<Partition>& moe_partition,
+                        CudaProfiler& prof, const DeviceInfo& dev, const std::string& mapped,
+                        int clock, nlohmann::json& j) {
+  if (!moe_partition) return "";
+  const Partition* p = &*moe_partition;
+  const EmulatorModel model(prof.gpu());
+  PartitionRows moe;
+  moe.partitions = {p};
+  moe.sms = [&](const Partition& q) {
+    std::vector<int> sms = {std::min(model.default_collective_sms(q.collective), dev.sm_count - 1)};
+    if (copy_engine_eligible(q)) sms.push_back(kCopyEngineSms);
+    return sms;
+  };
+  moe.collective = "copy proxy (one GPU)";
+  moe.json_key = "moe_partitions";
+  const CollectiveStep c = collective_step(p->collective);
+  j["moe"] = {{"workload", o.moe_workload},
+              {"partition", p->key},
+              {"collective", c.name},
+              {"group_size", c.group_size},
+              {"payload_bytes", c.payload_bytes},
+              {"proxy_bytes", c.proxy_bytes},
+              {"proxy",
+               "copy proxy (one GPU): the all-to-all's bytes that leave the GPU, "
+               "(n-1)/n of its payload, copied on the GPU: on `sms` CTAs, or with "
+               "cudaMemcpyBatchAsync (copy engines) for 0 SMs; nothing crosses NVLink"}};
+  const std::string rows = measure_partitions(moe, prof, mapped, clock, j);
+  return fmt::format(
+      "mixture of experts ({}): partition {}, grouped GEMMs as strided batched cuBLASLt, {} "
+      "({:.1f} MB of {:.1f} MB) as copy proxy (one GPU); sms 0 = copy engines\n{}",
+      o.moe_workload, p->key, c.name, static_cast<double>(c.proxy_bytes) / 1e6,
+      static_cast<double>(c.payload_bytes) / 1e6, rows);
+}
+
 }  // namespace
 
 nlohmann::json run_device_check(const DeviceCheckOptions& o, std::ostream& table) {
@@ -180,6 +246,7 @@ nlohmann::json run_device_check(const DeviceCheckOptions& o, std::ostream& table
   }
   const Workload w = load_workload(o.workload);
   const PartitionSet ps = partition_workload(w);
+  const std::optional<Partition> moe_partition = grouped_gemm_partition(o);
   visible_device_count();  // NotSupported "no CUDA device visible" first, before anything else
   const DeviceInfo dev = device_info(o.device);
   const std::string mapped = catalogue_gpu_for_device(dev.name);
@@ -221,13 +288,25 @@ nlohmann::json run_device_check(const DeviceCheckOptions& o, std::ostream& table
       {"workload", o.workload},
       {"fingerprint", prof.fingerprint()}};
   const std::string attention_check = cross_check_attention(o.device, j);
-  const std::string tables = measure_partitions(ps, prof, dev, mapped, clock, o, j);
+  const EmulatorModel model(prof.gpu());
+  PartitionRows rows;
+  for (const Partition& p : ps.partitions) rows.partitions.push_back(&p);
+  rows.sms = [&](const Partition& p) {
+    if (!o.sms.empty()) return o.sms;
+    return std::vector<int>{std::min(model.default_collective_sms(p.collective), dev.sm_count - 1)};
+  };
+  rows.rounds = o.repeats;
+  rows.collective = "proxy";
+  rows.json_key = "partitions";
+  const std::string tables = measure_partitions(rows, prof, mapped, clock, j);
+  const std::string moe_tables = measure_moe(o, moe_partition, prof, dev, mapped, clock, j);
   table << fmt::format(
       "device check on {} (GPU {}, catalogue {}), clock {} MHz as found (read-only NVML), "
       "collective = copy proxy on NCCL's default CTAs, attention = {}\n",
       dev.name, o.device, mapped.empty() ? "none" : mapped, clock,
       sdpa::attention_path().backend());
   table << tables;
+  table << moe_tables;
   table << attention_check;
   j["attention"] = sdpa::attention_path().backend();
   return j;

@@ -1,6 +1,7 @@
 // The device check (scripts/device-check): the four partitions of a TP workload measured on ONE
 // GPU at its current clock through the protocol with short windows, the collective replaced by
-// its copy proxy, next to the emulator's prediction for that card. NVML is opened read-only, so
+// its copy proxy, next to the emulator's prediction for that card; then one mixture-of-experts
+// partition (grouped expert GEMMs, the all-to-all as a copy proxy). NVML is opened read-only, so
 // no card setting can change (every setter throws before reaching NVML).
 #pragma once
 
@@ -22,6 +23,10 @@ struct DeviceCheckOptions {
   int repeats = 1;
   /// SM counts given to the collective's proxy; empty: NCCL's default CTA count per partition.
   std::vector<int> sms;
+  /// A mixture-of-experts workload: after the partitions, one of its grouped-GEMM partitions
+  /// with the all-to-all as the copy proxy (one GPU), at NCCL's default CTAs and on the copy
+  /// engines (0 SMs); empty: none.
+  std::string moe_workload;
 };
 
 /// Measures, prints a table to `table` and returns the same rows as JSON. Throws NotSupported

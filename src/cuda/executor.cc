@@ -5,7 +5,11 @@
 // (dgrad NT, wgrad TN in row-major terms, GemmShape) so cuBLASLt picks the framework's kernels.
 // NCCL in one process: communicators of all ranks are created inside one ncclGroupStart/End (NCCL's
 // "one device per thread is not required" mode), and every collective call of one step is grouped
-// the same way.
+// the same way. Grouped GEMMs (a mixture-of-experts layer's local experts, GemmShape::batch > 1)
+// are one strided batched cuBLASLt matmul. An all-to-all runs with ncclAlltoAll where the loaded
+// NCCL has it, as one ncclSend/ncclRecv pair per peer otherwise; with 0 SMs (the copy engines) on
+// communicators created with NCCL_CTA_POLICY_ZERO over buffers from ncclMemAlloc registered as
+// symmetric windows (NCCL >= 2.28).
 #include "executor.h"
 
 #include <cuda_runtime.h>
@@ -20,6 +24,7 @@
 
 #include "cudnn_sdpa_backend.h"
 #include "kareus/error.h"
+#include "kareus/instruction_settings.h"
 #include "kernels.h"
 #include "libs.h"
 
@@ -27,6 +32,9 @@ namespace kareus::cuda {
 namespace {
 
 constexpr std::size_t kWorkspaceBytes = 32u << 20;
+constexpr std::size_t kBf16 = 2;
+// NCCL's version code of 2.28.0 (ncclGetVersion: major * 10000 + minor * 100 + patch).
+constexpr int kNcclCopyEngineVersion = 22800;
 
 #define KAREUS_CUDA(call) check_cuda(static_cast<int>(call), #call)
 
@@ -56,6 +64,9 @@ struct Rank {
   std::vector<std::vector<void*>> in, out;  // per op
   void* coll_send = nullptr;
   void* coll_recv = nullptr;
+  // The copy-engine all-to-all's buffers: ncclMemAlloc'd, registered as symmetric windows on
+  // the copy-engine communicator (GroupExecutor::Impl::register_symmetric()).
+  ncclWindow_t send_win = nullptr, recv_win = nullptr;
   std::vector<void*> allocations;
   void* p2p_buf = nullptr;
   cudnnHandle_t dnn = nullptr;  // created with the first fused attention on this device
@@ -121,6 +132,10 @@ struct GroupExecutor::Impl {
   std::vector<Rank> ranks;
   std::vector<int> device_list;
   std::unique_ptr<CommCache<Comms>> comms;
+  // The copy engines' communicators (NCCL_CTA_POLICY_ZERO), created on first use; kept out of
+  // the cache since the symmetric windows registered on them must go before they do.
+  Comms ce_comms;
+  bool symmetric = false;  // coll_send/coll_recv are registered symmetric windows on ce_comms
   ExecutionPlan plan;
   std::string plan_key;
   int sms = 0;
@@ -153,15 +168,14 @@ struct GroupExecutor::Impl {
       check_cublas(cublaslt().create(&r.lt), "cublasLtCreate");
     }
     comms = std::make_unique<CommCache<Comms>>([this](int n_ctas) { return create_comms(n_ctas); },
-                                               [this](Comms& c) {
-                                                 // ncclCommDestroy waits for the communicator's
-                                                 // operations; a receive whose send can no longer
-                                                 // be posted would make it hang, ncclCommAbort does
-                                                 // not wait.
-                                                 for (auto comm : c)
-                                                   abort_comms ? nccl().abort(comm)
-                                                               : nccl().destroy(comm);
-                                               });
+                                               [this](Comms& c) { destroy_comms(c); });
+  }
+
+  // ncclCommDestroy waits for the communicator's operations; a receive whose send can no longer
+  // be posted would make it hang, ncclCommAbort does not wait.
+  void destroy_comms(Comms& c) const {
+    for (auto comm : c) abort_comms ? nccl().abort(comm) : nccl().destroy(comm);
+    c.clear();
   }
 
   // An exception between begin_blocked_receive() and end_blocked_receive() leaves receives in
@@ -178,6 +192,7 @@ struct GroupExecutor::Impl {
     if (abort_comms) {
       try {
         comms.reset();
+        destroy_comms(ce_comms);
       } catch (...) {
       }
     }
@@ -186,7 +201,12 @@ struct GroupExecutor::Impl {
       cudaDeviceSynchronize();
     }
     try {
+      release_symmetric();
+    } catch (...) {
+    }
+    try {
       comms.reset();
+      destroy_comms(ce_comms);
     } catch (...) {
     }
     for (auto& r : ranks) {
@@ -223,6 +243,8 @@ struct GroupExecutor::Impl {
     r.coll_send = r.coll_recv = r.p2p_buf = nullptr;
   }
 
+  // One communicator per rank; kCopyEngineSms: NCCL's zero-CTA policy (the copy engines)
+  // instead of a fixed CTA count.
   Comms create_comms(int n_ctas) {
     const auto& n = nccl();
     ncclUniqueId id;
@@ -232,8 +254,12 @@ struct GroupExecutor::Impl {
     for (std::size_t i = 0; i < ranks.size(); ++i) {
       KAREUS_CUDA(cudaSetDevice(ranks[i].device));
       ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-      cfg.minCTAs = n_ctas;
-      cfg.maxCTAs = n_ctas;
+      if (n_ctas == kCopyEngineSms) {
+        cfg.CTAPolicy = NCCL_CTA_POLICY_ZERO;
+      } else {
+        cfg.minCTAs = n_ctas;
+        cfg.maxCTAs = n_ctas;
+      }
       check_nccl(
           n.init_rank_config(&c[i], static_cast<int>(ranks.size()), id, static_cast<int>(i), &cfg),
           "ncclCommInitRankConfig");
@@ -241,6 +267,82 @@ struct GroupExecutor::Impl {
     check_nccl(n.group_end(), "ncclGroupEnd (communicator creation)");
     return c;
   }
+
+  Comms& copy_engine_comms() {
+    if (ce_comms.empty()) ce_comms = create_comms(kCopyEngineSms);
+    return ce_comms;
+  }
+
+  // The communicators a collective runs on with the prepared SM count.
+  Comms& comms_for_sms() { return sms == kCopyEngineSms ? copy_engine_comms() : comms->get(sms); }
+
+  // SM count 0 runs the all-to-all on the copy engines: NCCL >= 2.28 with its symmetric-memory
+  // API. Refused before anything is allocated when the loaded library is older.
+  static void check_copy_engine_support(const CollectiveStep& c) {
+    const auto& n = nccl();
+    int version = 0;
+    check_nccl(n.version(&version), "ncclGetVersion");
+    const std::string missing = n.missing_copy_engine_symbols();
+    if (version >= kNcclCopyEngineVersion && missing.empty()) return;
+    throw InvalidInput(fmt::format(
+        "cuda backend: '{}' with 0 SMs runs on the copy engines (NCCL_CTA_POLICY_ZERO on symmetric "
+        "windows), which needs NCCL >= 2.28; the loaded NCCL is version code {}{}",
+        c.name, version, missing.empty() ? "" : " and lacks " + missing));
+  }
+
+  // The copy-engine all-to-all's buffers: every rank's from ncclMemAlloc, registered as
+  // symmetric windows (ncclCommWindowRegister is collective: all ranks in one group).
+  void register_symmetric(const CollectiveStep& c, std::uint64_t& seed) {
+    const auto& n = nccl();
+    Comms& cs = copy_engine_comms();
+    symmetric = true;  // release_symmetric() frees whatever gets allocated here
+    for (auto& r : ranks) {
+      KAREUS_CUDA(cudaSetDevice(r.device));
+      check_nccl(n.mem_alloc(&r.coll_send, c.send_bytes), "ncclMemAlloc");
+      check_nccl(n.mem_alloc(&r.coll_recv, c.recv_bytes), "ncclMemAlloc");
+      fill_random(r.coll_send, c.send_bytes, seed++, r.compute);
+    }
+    check_nccl(n.group_start(), "ncclGroupStart");
+    for (std::size_t i = 0; i < ranks.size(); ++i) {
+      Rank& r = ranks[i];
+      check_nccl(
+          n.window_register(cs[i], r.coll_send, c.send_bytes, &r.send_win, NCCL_WIN_COLL_SYMMETRIC),
+          "ncclCommWindowRegister (send)");
+      check_nccl(
+          n.window_register(cs[i], r.coll_recv, c.recv_bytes, &r.recv_win, NCCL_WIN_COLL_SYMMETRIC),
+          "ncclCommWindowRegister (receive)");
+    }
+    check_nccl(n.group_end(), "ncclGroupEnd (window registration)");
+  }
+
+  // Deregisters the symmetric windows (collective, like the registration) and frees their
+  // memory; the devices must be idle.
+  void release_symmetric() {
+    if (!symmetric) return;
+    symmetric = false;
+    const auto& n = nccl();
+    bool registered = false;
+    for (const auto& r : ranks) registered = registered || r.send_win || r.recv_win;
+    if (registered && !ce_comms.empty()) {
+      check_nccl(n.group_start(), "ncclGroupStart");
+      for (std::size_t i = 0; i < ranks.size(); ++i) {
+        Rank& r = ranks[i];
+        if (r.send_win) check_nccl(n.window_deregister(ce_comms[i], r.send_win), "deregister");
+        if (r.recv_win) check_nccl(n.window_deregister(ce_comms[i], r.recv_win), "deregister");
+        r.send_win = r.recv_win = nullptr;
+      }
+      check_nccl(n.group_end(), "ncclGroupEnd (window deregistration)");
+    }
+    for (auto& r : ranks) {
+      KAREUS_CUDA(cudaSetDevice(r.device));
+      if (r.coll_send) n.mem_free(r.coll_send);
+      if (r.coll_recv) n.mem_free(r.coll_recv);
+      r.coll_send = r.coll_recv = nullptr;
+    }
+  }
+
+  // The collective is replaced by a copy of its proxy bytes (one rank, or asked for).
+  bool copies() const { return proxy || ranks.size() == 1; }
 
   const GemmPlan& gemm_plan(Rank& r, const GemmShape& s) {
     auto it = r.gemms.find(s);
@@ -268,6 +370,20 @@ struct GroupExecutor::Impl {
                           : lt.layout_create(&g.b, CUDA_R_16BF, k, m, s.lda()),
                  "cublasLtMatrixLayoutCreate");
     check_cublas(lt.layout_create(&g.c, CUDA_R_16BF, n, m, s.ldc()), "cublasLtMatrixLayoutCreate");
+    if (s.batch > 1) {
+      // The local experts: one strided batched matmul; cuBLASLt's "A" is the row-major B.
+      const auto count = static_cast<std::int32_t>(s.batch);
+      const std::pair<cublasLtMatrixLayout_t, std::int64_t> strides[] = {
+          {g.a, s.stride_b()}, {g.b, s.stride_a()}, {g.c, s.stride_c()}};
+      for (const auto& [layout, stride] : strides) {
+        check_cublas(
+            lt.layout_set(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
+            "cublasLtMatrixLayoutSetAttribute(BATCH_COUNT)");
+        check_cublas(lt.layout_set(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                   sizeof(stride)),
+                     "cublasLtMatrixLayoutSetAttribute(STRIDED_BATCH_OFFSET)");
+      }
+    }
     cublasLtMatmulPreference_t pref = nullptr;
     check_cublas(lt.pref_create(&pref), "cublasLtMatmulPreferenceCreate");
     const std::uint64_t ws = kWorkspaceBytes;
@@ -282,8 +398,8 @@ struct GroupExecutor::Impl {
       destroy_gemm(g);
       throw InternalError(
           fmt::format("cuBLASLt has no algorithm for a bf16 GEMM m={} n={} k={} transa={} "
-                      "transb={} on GPU {} ({})",
-                      s.m, s.n, s.k, s.transa, s.transb, r.device, lt.status_string(st)));
+                      "transb={} batch={} on GPU {} ({})",
+                      s.m, s.n, s.k, s.transa, s.transb, s.batch, r.device, lt.status_string(st)));
     }
     g.algo = result.algo;
     return r.gemms.emplace(s, g).first->second;
@@ -302,13 +418,17 @@ struct GroupExecutor::Impl {
   }
 
   void prepare(const ExecutionPlan& p, int n_ctas, bool use_proxy) {
-    check_sms(n_ctas);
+    check_plan_sms(p, n_ctas);
     const int group = p.group_size();
     if (!use_proxy && group != static_cast<int>(ranks.size())) {
       throw InternalError(
           fmt::format("plan needs {} GPUs, executor drives {}", group, ranks.size()));
     }
-    const std::string key = key_of(p, use_proxy);
+    const bool copy = use_proxy || ranks.size() == 1;
+    // 0 SMs over NCCL: the copy engines, on symmetric windows.
+    const bool sym = n_ctas == kCopyEngineSms && !copy;
+    if (sym) check_copy_engine_support(*p.overlap);
+    const std::string key = key_of(p, use_proxy) + (sym ? ";symmetric" : "");
     plan = p;
     sms = n_ctas;
     proxy = use_proxy;
@@ -318,14 +438,18 @@ struct GroupExecutor::Impl {
       for (auto& r : ranks) {
         KAREUS_CUDA(cudaSetDevice(r.device));
         KAREUS_CUDA(cudaDeviceSynchronize());
+      }
+      release_symmetric();
+      for (auto& r : ranks) {
+        KAREUS_CUDA(cudaSetDevice(r.device));
         free_buffers(r);
         for (const auto& op : p.ops) {
           std::vector<void*> in, out;
-          if (op.type == OpType::kCollective && use_proxy) {
-            // The proxy copies the whole payload whatever the collective's shard sizes.
-            in.push_back(device_alloc(r, op.collective.payload_bytes));
-            fill_random(in.back(), op.collective.payload_bytes, seed++, r.compute);
-            out.push_back(device_alloc(r, op.collective.payload_bytes));
+          if (op.type == OpType::kCollective && copy) {
+            // The proxy copies the payload whatever the collective's shard sizes.
+            in.push_back(device_alloc(r, op.collective.proxy_bytes));
+            fill_random(in.back(), op.collective.proxy_bytes, seed++, r.compute);
+            out.push_back(device_alloc(r, op.collective.proxy_bytes));
             r.in.push_back(std::move(in));
             r.out.push_back(std::move(out));
             continue;
@@ -338,14 +462,18 @@ struct GroupExecutor::Impl {
           r.in.push_back(std::move(in));
           r.out.push_back(std::move(out));
         }
-        if (p.overlap) {
+        if (p.overlap && !sym) {
           const auto& c = *p.overlap;
-          const std::size_t send = proxy ? c.payload_bytes : c.send_bytes;
-          const std::size_t recv = proxy ? c.payload_bytes : c.recv_bytes;
+          const std::size_t send = copy ? c.proxy_bytes : c.send_bytes;
+          const std::size_t recv = copy ? c.proxy_bytes : c.recv_bytes;
           r.coll_send = device_alloc(r, send);
           fill_random(r.coll_send, send, seed++, r.compute);
           r.coll_recv = device_alloc(r, recv);
         }
+      }
+      if (sym) register_symmetric(*p.overlap, seed);
+      for (auto& r : ranks) {
+        KAREUS_CUDA(cudaSetDevice(r.device));
         KAREUS_CUDA(cudaStreamSynchronize(r.compute));
       }
       plan_key = key;
@@ -365,21 +493,26 @@ struct GroupExecutor::Impl {
         }
       }
     }
-    if (!proxy && ranks.size() > 1) comms->get(sms);
+    if (!copy) comms_for_sms();
   }
 
   void enqueue_collective(const CollectiveStep& c, const void* const* send, void* const* recv,
                           bool on_coll_stream) {
-    if (proxy || ranks.size() == 1) {
+    if (copies()) {
       for (std::size_t i = 0; i < ranks.size(); ++i) {
         Rank& r = ranks[i];
         KAREUS_CUDA(cudaSetDevice(r.device));
-        copy_on_ctas(send[i], recv[i], c.payload_bytes, sms, on_coll_stream ? r.coll : r.compute);
+        cudaStream_t s = on_coll_stream ? r.coll : r.compute;
+        if (sms == kCopyEngineSms) {
+          copy_on_copy_engines(send[i], recv[i], c.proxy_bytes, s);
+        } else {
+          copy_on_ctas(send[i], recv[i], c.proxy_bytes, sms, s);
+        }
       }
       return;
     }
     const auto& n = nccl();
-    Comms& cs = comms->get(sms);
+    Comms& cs = comms_for_sms();
     check_nccl(n.group_start(), "ncclGroupStart");
     for (std::size_t i = 0; i < ranks.size(); ++i) {
       Rank& r = ranks[i];
@@ -400,9 +533,8 @@ struct GroupExecutor::Impl {
               "ncclReduceScatter");
           break;
         case CollectiveKind::kAllToAll:
-          throw InvalidInput(fmt::format(
-              "cuda backend: collective '{}' is an all-to-all, which this backend does not run",
-              c.name));
+          enqueue_all_to_all(c, send[i], recv[i], cs[i], s);
+          break;
         case CollectiveKind::kP2P:
           // Pairs (0,1), (2,3): the even rank sends, the odd rank receives.
           if (peer < static_cast<int>(ranks.size())) {
@@ -416,6 +548,26 @@ struct GroupExecutor::Impl {
       }
     }
     check_nccl(n.group_end(), "ncclGroupEnd");
+  }
+
+  // Equal splits: nccl_count elements to and from every rank, peer j's at j x count. Inside the
+  // caller's ncclGroupStart/End.
+  static void enqueue_all_to_all(const CollectiveStep& c, const void* send, void* recv,
+                                 ncclComm_t comm, cudaStream_t s) {
+    const auto& n = nccl();
+    if (n.all_to_all) {
+      check_nccl(n.all_to_all(send, recv, c.nccl_count, ncclBfloat16, comm, s), "ncclAlltoAll");
+      return;
+    }
+    const std::size_t shard = c.nccl_count * kBf16;
+    for (int peer = 0; peer < c.group_size; ++peer) {
+      const auto off = static_cast<std::size_t>(peer) * shard;
+      check_nccl(
+          n.send(static_cast<const char*>(send) + off, c.nccl_count, ncclBfloat16, peer, comm, s),
+          "ncclSend (all-to-all)");
+      check_nccl(n.recv(static_cast<char*>(recv) + off, c.nccl_count, ncclBfloat16, peer, comm, s),
+                 "ncclRecv (all-to-all)");
+    }
   }
 
   void enqueue_op(Rank& r, std::size_t i) {
@@ -702,7 +854,7 @@ void GroupExecutor::prepare(const ExecutionPlan& plan, int sms, bool proxy) {
 }
 double GroupExecutor::run(int iterations) { return impl_->run(iterations); }
 std::string GroupExecutor::attention_backend() const { return sdpa::attention_path().backend(); }
-bool GroupExecutor::proxy() const { return impl_->proxy || impl_->ranks.size() == 1; }
+bool GroupExecutor::proxy() const { return impl_->copies(); }
 void GroupExecutor::start_busy(double seconds) { impl_->start_busy(seconds); }
 void GroupExecutor::begin_blocked_receive() { impl_->begin_blocked_receive(); }
 void GroupExecutor::end_blocked_receive() { impl_->end_blocked_receive(); }

@@ -382,6 +382,26 @@ void copy_on_ctas(const void* src, void* dst, std::size_t bytes, int ctas, cudaS
   check_launch("copy_on_ctas");
 }
 
+void copy_on_copy_engines(const void* src, void* dst, std::size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return;
+  cudaMemcpyAttributes attr{};
+  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+  void* dsts[] = {dst};
+  const void* srcs[] = {src};
+  std::size_t sizes[] = {bytes};
+  std::size_t attr_index[] = {0};
+  if (cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &attr, attr_index, 1, stream) == cudaSuccess) {
+    return;
+  }
+  cudaGetLastError();  // not sticky: an older driver without the batch API
+  const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
+  if (e != cudaSuccess) {
+    throw InternalError(std::string("copy_on_copy_engines: cudaMemcpyAsync failed: ") +
+                        cudaGetErrorString(e));
+  }
+}
+
 void attention_forward_fallback(const void* q, const void* k, const void* v, void* o, float* lse,
                                 std::int64_t groups, std::int64_t q_heads, std::int64_t q_len,
                                 std::int64_t kv_len, std::int64_t head_dim, cudaStream_t stream) {

@@ -34,6 +34,10 @@ void stream_bytes(const void* in, std::size_t in_bytes, void* out, std::size_t o
 /// The collective proxy: copies `bytes` with exactly `ctas` thread blocks (one per SM, as NCCL
 /// runs one CTA per channel).
 void copy_on_ctas(const void* src, void* dst, std::size_t bytes, int ctas, cudaStream_t stream);
+/// The proxy of a collective on the copy engines (SM count 0): a device-to-device copy of
+/// `bytes` with cudaMemcpyBatchAsync's hint to keep it off the SMs
+/// (cudaMemcpyFlagPreferOverlapWithCompute), cudaMemcpyAsync where the driver refuses the batch.
+void copy_on_copy_engines(const void* src, void* dst, std::size_t bytes, cudaStream_t stream);
 
 /// Fallback attention (one warp per query row, online softmax); layouts as AttentionShape in
 /// op_plan.h. Head dim must be a multiple of 32 and at most 256.

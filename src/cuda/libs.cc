@@ -46,6 +46,13 @@ void bind(void* lib, const char* name, F& fn) {
   fn = reinterpret_cast<F>(sym);
 }
 
+// A symbol newer releases have: stays nullptr when the loaded library lacks it.
+template <class F>
+void bind_optional(void* lib, const char* name, F& fn) {
+  dlerror();
+  fn = reinterpret_cast<F>(dlsym(lib, name));
+}
+
 std::string soname_of(const std::string& path, const std::string& fallback) {
   return path == fallback ? std::string() : fallback;
 }
@@ -67,6 +74,7 @@ const CublasLt& cublaslt() {
     bind(h, "cublasLtMatmulDescDestroy", l.desc_destroy);
     bind(h, "cublasLtMatrixLayoutCreate", l.layout_create);
     bind(h, "cublasLtMatrixLayoutDestroy", l.layout_destroy);
+    bind(h, "cublasLtMatrixLayoutSetAttribute", l.layout_set);
     bind(h, "cublasLtMatmulPreferenceCreate", l.pref_create);
     bind(h, "cublasLtMatmulPreferenceDestroy", l.pref_destroy);
     bind(h, "cublasLtMatmulPreferenceSetAttribute", l.pref_set);
@@ -115,8 +123,26 @@ const Nccl& nccl() {
     bind(h, "ncclReduceScatter", l.reduce_scatter);
     bind(h, "ncclSend", l.send);
     bind(h, "ncclRecv", l.recv);
+    bind_optional(h, "ncclAlltoAll", l.all_to_all);
+    bind_optional(h, "ncclMemAlloc", l.mem_alloc);
+    bind_optional(h, "ncclMemFree", l.mem_free);
+    bind_optional(h, "ncclCommWindowRegister", l.window_register);
+    bind_optional(h, "ncclCommWindowDeregister", l.window_deregister);
   });
   return l;
+}
+
+std::string Nccl::missing_copy_engine_symbols() const {
+  std::string missing;
+  auto need = [&](bool present, const char* name) {
+    if (!present) missing += (missing.empty() ? "" : ", ") + std::string(name);
+  };
+  need(all_to_all != nullptr, "ncclAlltoAll");
+  need(mem_alloc != nullptr, "ncclMemAlloc");
+  need(mem_free != nullptr, "ncclMemFree");
+  need(window_register != nullptr, "ncclCommWindowRegister");
+  need(window_deregister != nullptr, "ncclCommWindowDeregister");
+  return missing;
 }
 
 void check_cublas(cublasStatus_t s, const char* what) {

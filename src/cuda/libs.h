@@ -25,6 +25,7 @@ struct CublasLt {
   decltype(&cublasLtMatmulDescDestroy) desc_destroy;
   decltype(&cublasLtMatrixLayoutCreate) layout_create;
   decltype(&cublasLtMatrixLayoutDestroy) layout_destroy;
+  decltype(&cublasLtMatrixLayoutSetAttribute) layout_set;
   decltype(&cublasLtMatmulPreferenceCreate) pref_create;
   decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy;
   decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set;
@@ -60,6 +61,16 @@ struct Nccl {
   decltype(&ncclReduceScatter) reduce_scatter;
   decltype(&ncclSend) send;
   decltype(&ncclRecv) recv;
+  // NCCL >= 2.28 (the headers are; the loaded library may be older): nullptr when absent.
+  // Without ncclAlltoAll an all-to-all runs as grouped ncclSend/ncclRecv; the copy-engine
+  // path (NCCL_CTA_POLICY_ZERO) needs all of them (missing_copy_engine_symbols()).
+  decltype(&ncclAlltoAll) all_to_all = nullptr;
+  decltype(&ncclMemAlloc) mem_alloc = nullptr;
+  decltype(&ncclMemFree) mem_free = nullptr;
+  decltype(&ncclCommWindowRegister) window_register = nullptr;
+  decltype(&ncclCommWindowDeregister) window_deregister = nullptr;
+  /// The names of the symbols above that the loaded library lacks, comma-separated ("" if none).
+  std::string missing_copy_engine_symbols() const;
 };
 
 /// Loaded once per process; throws NotSupported naming the library and dlerror() when a library

@@ -14,6 +14,7 @@
 #include <iterator>
 
 #include "kareus/error.h"
+#include "kareus/instruction_settings.h"
 
 namespace kareus::cuda {
 namespace {
@@ -29,6 +30,15 @@ std::size_t to_size(double bytes) {
 bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
 bool ends_with(const std::string& s, const std::string& p) {
   return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
+}
+
+// The kernel name without a mixture-of-experts prefix: the routed experts' ("expert_fc1") and
+// the shared experts' ("shared_fc1") layers have the dense MLP's shapes and roles.
+std::string base_name(const std::string& name) {
+  for (const char* p : {"expert_", "shared_"}) {
+    if (starts_with(name, p)) return name.substr(std::char_traits<char>::length(p));
+  }
+  return name;
 }
 
 std::int64_t head_dim_of(const std::vector<Kernel>& kernels) {
@@ -102,10 +112,22 @@ void check_sms(int sms) {
   }
 }
 
+void check_plan_sms(const ExecutionPlan& plan, int sms) {
+  if (sms != kCopyEngineSms) return check_sms(sms);
+  if (plan.overlap && plan.overlap->copy_engine) return;
+  throw InvalidInput(fmt::format(
+      "SMs of the collective: {} (the copy engines) needs a copy-engine capable collective (an "
+      "all-to-all inside one node, NCCL >= 2.28); {} is not: use 1 or more",
+      kCopyEngineSms, plan.overlap ? "'" + plan.overlap->name + "'" : "a segment"));
+}
+
 std::int64_t infer_hidden(const std::vector<Kernel>& kernels) {
   for (const auto& k : kernels) {
     if (k.kind != OpKind::kGemm) continue;
-    const std::string& n = k.name;
+    const std::string n = base_name(k.name);
+    if (n == "router_gemm") return k.k;
+    if (n == "router_gemm_dgrad") return k.n;
+    if (n == "router_gemm_wgrad") return k.m;
     if (n == "qkv_gemm" || n == "fc1" || n == "logits_gemm" || n == "fc2_dgrad" ||
         n == "out_proj_dgrad")
       return k.k;
@@ -159,6 +181,7 @@ CollectiveStep collective_step(const Kernel& k) {
   // AllGather/ReduceScatter split the payload into n equal shards: round to a multiple of n.
   const std::size_t shard = elems / n;
   c.payload_bytes = elems * kBf16;
+  c.copy_engine = k.copy_engine;
   switch (k.collective) {
     case CollectiveKind::kAllReduce:
       c.send_bytes = c.recv_bytes = elems * kBf16;
@@ -181,12 +204,15 @@ CollectiveStep collective_step(const Kernel& k) {
       c.nccl_count = elems;
       break;
     case CollectiveKind::kAllToAll:
-      // Equal splits: `shard` elements to every rank (ncclAlltoAll's count).
+      // Equal splits: `shard` elements to every rank (ncclAlltoAll's count); the shard for this
+      // rank itself stays on the GPU.
       c.payload_bytes = shard * n * kBf16;
       c.send_bytes = c.recv_bytes = shard * n * kBf16;
       c.nccl_count = shard;
-      break;
+      c.proxy_bytes = shard * (n - 1) * kBf16;
+      return c;
   }
+  c.proxy_bytes = c.payload_bytes;
   return c;
 }
 
@@ -196,11 +222,18 @@ void plan_gemm(const Kernel& k, OpStep& op) {
   op.type = OpType::kGemm;
   // The kernel graph (src/workload/kernel_graph.cc) names the backward pair of y = x W
   // (W stored [k,n]) "<name>_dgrad", dx = dy W^T, and "<name>_wgrad", dW = x^T dy.
-  op.gemm = {k.m, k.n, k.k, ends_with(k.name, "_wgrad"), ends_with(k.name, "_dgrad")};
+  // A grouped GEMM (groups > 1: the local experts) is one strided batched matmul: all groups
+  // share the shape m x n x k, each reads and writes its own matrices.
+  op.gemm = {k.m,
+             k.n,
+             k.k,
+             ends_with(k.name, "_wgrad"),
+             ends_with(k.name, "_dgrad"),
+             std::max(1, k.groups)};
   const auto m = static_cast<std::size_t>(k.m), n = static_cast<std::size_t>(k.n),
-             kk = static_cast<std::size_t>(k.k);
-  op.input_bytes = {m * kk * kBf16, kk * n * kBf16};
-  op.output_bytes = {m * n * kBf16};
+             kk = static_cast<std::size_t>(k.k), g = static_cast<std::size_t>(op.gemm.batch);
+  op.input_bytes = {g * m * kk * kBf16, g * kk * n * kBf16};
+  op.output_bytes = {g * m * n * kBf16};
 }
 
 void plan_attention(const Kernel& k, bool bwd, OpStep& op) {
@@ -237,6 +270,7 @@ void plan_norm(const Kernel& k, bool bwd, std::int64_t hidden, std::int64_t head
 // Elementwise ops the executor has a kernel for; false for the rest (run as plain streams).
 bool plan_elementwise(const Kernel& k, std::int64_t head_dim, OpStep& op) {
   const auto written = to_size(k.bytes_written);
+  const std::string name = base_name(k.name);
   if (starts_with(k.name, "rope")) {
     op.type = OpType::kRope;
     op.elements = static_cast<std::int64_t>(written / kBf16);
@@ -246,14 +280,14 @@ bool plan_elementwise(const Kernel& k, std::int64_t head_dim, OpStep& op) {
     op.output_bytes = {written};
     return true;
   }
-  if (k.name == "swiglu") {
+  if (name == "swiglu") {
     op.type = OpType::kSwiglu;
     op.elements = static_cast<std::int64_t>(written / kBf16);
     op.input_bytes = {written, written};  // gate, up
     op.output_bytes = {written};
     return true;
   }
-  if (k.name == "swiglu_bwd") {
+  if (name == "swiglu_bwd") {
     op.type = OpType::kSwigluBackward;
     op.elements = static_cast<std::int64_t>(written / (2 * kBf16));
     const auto e = static_cast<std::size_t>(op.elements) * kBf16;

@@ -43,14 +43,21 @@ const char* to_string(OpType t);
 /// Row-major C[m,n] = op(A) op(B) with op(A) [m,k] and op(B) [k,n]. `transa`: A is stored as
 /// [k,m] (a wgrad's activations, dW = x^T dy); `transb`: B is stored as [n,k] (a dgrad's weight,
 /// dx = dy W^T). Backward GEMMs run transposed like the framework's, since cuBLASLt picks
-/// different kernels for NT/TN than for NN.
+/// different kernels for NT/TN than for NN. `batch` > 1: that many independent GEMMs of this
+/// shape in one strided batched cuBLASLt matmul (a mixture-of-experts layer's local experts,
+/// Kernel::groups), group g's A, B and C packed one after another at g x stride_a/b/c elements.
 struct GemmShape {
   std::int64_t m = 0, n = 0, k = 0;
   bool transa = false, transb = false;
+  std::int64_t batch = 1;
   /// Row-major leading dimensions (elements per stored row) of A, B and C.
   std::int64_t lda() const { return transa ? m : k; }
   std::int64_t ldb() const { return transb ? k : n; }
   std::int64_t ldc() const { return n; }
+  /// Elements from one group's matrix to the next (dense packing, whatever the transposes).
+  std::int64_t stride_a() const { return m * k; }
+  std::int64_t stride_b() const { return k * n; }
+  std::int64_t stride_c() const { return m * n; }
   bool operator==(const GemmShape&) const = default;
   auto operator<=>(const GemmShape&) const = default;
 };
@@ -76,11 +83,19 @@ struct CollectiveStep {
   CollectiveKind kind = CollectiveKind::kAllReduce;
   int group_size = 1;
   std::size_t payload_bytes = 0;  ///< Kernel::payload_bytes (rounded down to whole elements)
-  std::size_t send_bytes = 0;     ///< AllReduce: payload; AllGather: payload / n; RS: payload
-  std::size_t recv_bytes = 0;     ///< AllReduce: payload; AllGather: payload; RS: payload / n
+  std::size_t send_bytes = 0;     ///< AllReduce: payload; AllGather: payload / n; RS: payload;
+                                  ///< AllToAll: payload
+  std::size_t recv_bytes = 0;     ///< AllReduce: payload; AllGather: payload; RS: payload / n;
+                                  ///< AllToAll: payload
   /// Element count argument of the NCCL call: AllReduce payload/2, AllGather sendcount,
-  /// ReduceScatter recvcount, P2P the message's elements.
+  /// ReduceScatter recvcount, P2P the message's elements, AllToAll the elements to each peer
+  /// (ncclAlltoAll's count; per ncclSend/ncclRecv pair without it).
   std::size_t nccl_count = 0;
+  /// Bytes the one-GPU copy proxy moves: the payload, except for an all-to-all, where only the
+  /// shards for the other n - 1 ranks leave the GPU.
+  std::size_t proxy_bytes = 0;
+  /// Kernel::copy_engine: NCCL may run it on the copy engines (SM count kCopyEngineSms).
+  bool copy_engine = false;
 };
 
 struct OpStep {
@@ -145,7 +160,8 @@ class CommCache {
   CommCache(const CommCache&) = delete;
   CommCache& operator=(const CommCache&) = delete;
 
-  /// The set for `sms` CTAs, created on first use. sms must be >= 1.
+  /// The set for `sms` CTAs, created on first use. sms must be >= 1 (the copy engines' set,
+  /// NCCL_CTA_POLICY_ZERO, is not cached here: it holds the registered symmetric windows).
   Comms& get(int sms);
   bool contains(int sms) const { return entries_.count(sms) > 0; }
   std::size_t size() const { return entries_.size(); }
@@ -170,6 +186,10 @@ class CommCache {
 };
 
 void check_sms(int sms);  ///< throws InvalidInput for sms < 1
+/// The SM count of a plan's overlapping collective: 1 or more, or kCopyEngineSms (0: the copy
+/// engines) when the collective is copy-engine capable (CollectiveStep::copy_engine); segments
+/// run their collectives on SMs. Throws InvalidInput naming what is allowed.
+void check_plan_sms(const ExecutionPlan& plan, int sms);
 
 template <class Comms>
 Comms& CommCache<Comms>::get(int sms) {

@@ -24,6 +24,19 @@ constexpr std::int64_t kTokens = 4 * 4096;
 constexpr std::int64_t kHidden = 3072;
 constexpr std::size_t kBf16 = 2;
 
+// The collective of a plan as NCCL runs it: kind, group, payload, count and buffers per rank.
+void expect_collective(const std::optional<CollectiveStep>& c, CollectiveKind kind, int group,
+                       std::size_t payload, std::size_t nccl_count, std::size_t send,
+                       std::size_t recv) {
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->kind, kind);
+  EXPECT_EQ(c->group_size, group);
+  EXPECT_EQ(c->payload_bytes, payload);
+  EXPECT_EQ(c->nccl_count, nccl_count);
+  EXPECT_EQ(c->send_bytes, send);
+  EXPECT_EQ(c->recv_bytes, recv);
+}
+
 TEST(CudaOpPlan, ForwardAttentionOpsShapesAndSlot) {
   const Partition& p = llama_tp8().partition("fwd_attn");
   const ExecutionPlan plan = plan_partition(p, "rope");
@@ -52,13 +65,8 @@ TEST(CudaOpPlan, ForwardAttentionOpsShapesAndSlot) {
                                       kTokens * 128 * kBf16}));
   EXPECT_EQ(plan.ops[5].gemm, (GemmShape{kTokens, kHidden, 384}));
   // The other nano-batch's AllReduce of tokens x hidden bf16.
-  ASSERT_TRUE(plan.overlap.has_value());
-  EXPECT_EQ(plan.overlap->kind, CollectiveKind::kAllReduce);
-  EXPECT_EQ(plan.overlap->group_size, 8);
-  EXPECT_EQ(plan.overlap->payload_bytes, 100663296u);
-  EXPECT_EQ(plan.overlap->nccl_count, 50331648u);
-  EXPECT_EQ(plan.overlap->send_bytes, 100663296u);
-  EXPECT_EQ(plan.overlap->recv_bytes, 100663296u);
+  expect_collective(plan.overlap, CollectiveKind::kAllReduce, 8, 100663296u, 50331648u, 100663296u,
+                    100663296u);
   EXPECT_EQ(plan.group_size(), 8);
   // Slots: before residual add (0), QKV GEMM (2), RoPE (3), attention (4).
   EXPECT_EQ(plan.slot_index, 3);
@@ -159,6 +167,104 @@ TEST(CudaOpPlan, SegmentsCarryTheirCollectives) {
   EXPECT_EQ(plan.ops[1].collective.payload_bytes, 8u * 4096 * 3072 * kBf16);
   EXPECT_EQ(plan.group_size(), 8);
   EXPECT_FALSE(plan.overlap.has_value());
+}
+
+// Qwen3-30B-A3B with EP 8 inside one node: hidden 2048, 128 routed experts of FFN 768, top 8, so
+// 16 local experts per GPU. A nano-batch is one sequence of 4096 tokens (micro-batch 2 in 2
+// nano-batches, TP 1, no sequence parallelism): 4096 x 8 = 32768 routed rows, 2048 per expert.
+const PartitionSet& qwen3_moe_ep8() {
+  static const PartitionSet ps = partition_workload(
+      load_workload(test::source_path("workloads/moe/qwen3-30b-a3b_h100_ep8_dp8.yaml")));
+  return ps;
+}
+constexpr std::int64_t kMoeHidden = 2048, kExpertFfn = 768, kLocalExperts = 16;
+constexpr std::int64_t kMoeTokens = 4096, kRoutedRows = kMoeTokens * 8;
+constexpr std::int64_t kRowsPerExpert = kRoutedRows / kLocalExperts;  // 2048
+
+TEST(CudaOpPlan, GroupedExpertGemmsAreStridedBatched) {
+  static_assert(kRowsPerExpert == 2048);
+  const Partition& p = qwen3_moe_ep8().partition("fwd_moe_experts_a2a");
+  const ExecutionPlan plan = plan_partition(p, "linear");
+  ASSERT_EQ(plan.ops.size(), 3u);
+  // FC1 (gate + up) of every local expert: 16 x [2048 x 2048] x [2048 x 1536] in one matmul.
+  const OpStep& fc1 = plan.ops[0];
+  EXPECT_EQ(fc1.name, "expert_fc1");
+  EXPECT_EQ(fc1.type, OpType::kGemm);
+  EXPECT_EQ(fc1.gemm,
+            (GemmShape{kRowsPerExpert, 2 * kExpertFfn, kMoeHidden, false, false, kLocalExperts}));
+  EXPECT_EQ(fc1.gemm.batch, 16);
+  EXPECT_EQ(fc1.gemm.stride_a(), 2048 * 2048);
+  EXPECT_EQ(fc1.gemm.stride_b(), 2048 * 1536);
+  EXPECT_EQ(fc1.gemm.stride_c(), 2048 * 1536);
+  // Buffers hold every group: 16 x 2048 x 2048 x 2 B = 128 MiB of routed rows, 96 MiB of
+  // weights, 96 MiB out.
+  EXPECT_EQ(fc1.input_bytes, (std::vector<std::size_t>{134217728u, 100663296u}));
+  EXPECT_EQ(fc1.output_bytes, (std::vector<std::size_t>{100663296u}));
+  // The experts' SwiGLU runs the dense kernel over all 32768 x 768 routed elements.
+  EXPECT_EQ(plan.ops[1].type, OpType::kSwiglu);
+  EXPECT_EQ(plan.ops[1].elements, kRoutedRows * kExpertFfn);
+  const OpStep& fc2 = plan.ops[2];
+  EXPECT_EQ(fc2.gemm,
+            (GemmShape{kRowsPerExpert, kMoeHidden, kExpertFfn, false, false, kLocalExperts}));
+  EXPECT_EQ(fc2.input_bytes, (std::vector<std::size_t>{50331648u, 50331648u}));
+  EXPECT_EQ(fc2.output_bytes, (std::vector<std::size_t>{134217728u}));
+  // The other nano-batch's dispatch: 32768 routed rows x 2048 x 2 B over EP 8, equal splits of
+  // 1/8 to every rank; 7/8 of it leaves the GPU (what the one-GPU proxy copies).
+  // 8388608 elements to and from every peer.
+  expect_collective(plan.overlap, CollectiveKind::kAllToAll, 8, 134217728u, 8388608u, 134217728u,
+                    134217728u);
+  ASSERT_TRUE(plan.overlap.has_value());
+  EXPECT_EQ(plan.overlap->proxy_bytes, 117440512u);
+  EXPECT_TRUE(plan.overlap->copy_engine);
+  // 320 MiB (FC1) + 144 MiB (SwiGLU: gate, up, out) + 224 MiB (FC2) + 256 MiB (all-to-all).
+  EXPECT_EQ(plan.buffer_bytes(), 989855744u);
+
+  // Backward keeps the framework's transposes per group.
+  const ExecutionPlan bwd =
+      plan_partition(qwen3_moe_ep8().partition("bwd_moe_experts_a2a"), "linear");
+  ASSERT_EQ(bwd.ops.size(), 5u);
+  EXPECT_EQ(bwd.ops[0].gemm, (GemmShape{2048, 768, 2048, false, true, 16}));  // fc2 dgrad
+  EXPECT_EQ(bwd.ops[1].gemm, (GemmShape{768, 2048, 2048, true, false, 16}));  // fc2 wgrad
+  EXPECT_EQ(bwd.ops[2].type, OpType::kSwigluBackward);
+  EXPECT_EQ(bwd.ops[2].elements, kRoutedRows * kExpertFfn);
+  EXPECT_EQ(bwd.ops[3].gemm, (GemmShape{2048, 2048, 1536, false, true, 16}));  // fc1 dgrad
+  EXPECT_EQ(bwd.ops[4].gemm, (GemmShape{2048, 1536, 2048, true, false, 16}));  // fc1 wgrad
+  // dW of fc1 for 16 experts: 16 x 2048 x 1536 x 2 B.
+  EXPECT_EQ(bwd.ops[4].output_bytes, (std::vector<std::size_t>{100663296u}));
+}
+
+TEST(CudaOpPlan, MoeRouterIsAPlainGemmAndNamesTheHiddenSize) {
+  const Partition& p = qwen3_moe_ep8().partition("fwd_moe_route_a2a");
+  EXPECT_EQ(infer_hidden(p.compute_ops), kMoeHidden);
+  const ExecutionPlan plan = plan_partition(p, "norm");
+  const OpStep* router = nullptr;
+  const OpStep* norm = nullptr;
+  for (const auto& op : plan.ops) {
+    if (op.name == "router_gemm") router = &op;
+    if (op.type == OpType::kRmsNorm) norm = &op;
+  }
+  ASSERT_NE(router, nullptr);
+  ASSERT_NE(norm, nullptr);
+  EXPECT_EQ(router->gemm, (GemmShape{kMoeTokens, 128, kMoeHidden}));
+  EXPECT_EQ(router->gemm.batch, 1);
+  EXPECT_EQ(norm->cols, kMoeHidden);
+  EXPECT_EQ(norm->rows, kMoeTokens);
+}
+
+// 0 SMs (the copy engines) only for a copy-engine capable collective: the intra-node all-to-all.
+TEST(CudaOpPlan, CopyEngineSmsOnlyForCopyEngineCollectives) {
+  const ExecutionPlan a2a =
+      plan_partition(qwen3_moe_ep8().partition("fwd_moe_experts_a2a"), "linear");
+  EXPECT_NO_THROW(check_plan_sms(a2a, 0));
+  EXPECT_NO_THROW(check_plan_sms(a2a, 8));
+  EXPECT_THROW(check_plan_sms(a2a, -1), InvalidInput);
+  const ExecutionPlan ar = plan_partition(llama_tp8().partition("fwd_mlp"), "activation");
+  EXPECT_FALSE(ar.overlap->copy_engine);
+  EXPECT_EQ(ar.overlap->proxy_bytes, ar.overlap->payload_bytes);
+  EXPECT_THROW(check_plan_sms(ar, 0), InvalidInput);
+  EXPECT_NO_THROW(check_plan_sms(ar, 1));
+  // A segment's collectives run on the compute stream's SMs.
+  EXPECT_THROW(check_plan_sms(plan_segment(llama_tp8().segments.front()), 0), InvalidInput);
 }
 
 TEST(CudaCommCache, OneSetPerCtaCountWithLruEviction) {
