@@ -23,14 +23,16 @@
 
 namespace kareus {
 
-/// Matmul weights of the model that every token multiplies (count, not bytes): per layer
-/// h*(a+2g)*d (QKV) + a*d*h (output projection) + 3*h*f (SwiGLU), times layers, plus V*h for
-/// the LM head (also when tied to the input embedding: the product still runs).
-double matmul_parameters(const ModelConfig& m);
-
 /// Model FLOPs of one training iteration of the whole job (every data-parallel replica),
-/// recompute excluded: tokens * (6 * matmul_parameters + 12 * layers * seq_len * heads *
-/// head_dim).
+/// recompute excluded: KernelGraph::model_flops_per_iteration, the one count that `workload
+/// show`, reports, `optimize --json` and frontier.json print. Per token, 6 FLOPs per matmul
+/// weight it multiplies (QKV, output projection, the MLP or, in a MoE layer, the router and the
+/// top-k experts, the LM head) and 6 * layers * seq_len * heads * head_dim for causal attention:
+/// the causal half of the s x s scores, as FlashAttention's benchmarks count it
+/// (Dao-AILab/flash-attention benchmarks/benchmark_flash_attention.py: "// (2 if causal else
+/// 1)"). Narayanan et al. (SC '21, eq. 3), PaLM (Chowdhery et al., 2022, appendix B) and
+/// Megatron-LM's num_floating_point_operations count the full square, 12 * layers * seq_len *
+/// heads * head_dim, so their MFU is higher by that half (noticeable at long contexts).
 double model_flops_per_iteration(const Workload& w);
 
 /// The job figures the metrics need; job_shape(w) fills them from a workload.

@@ -1,7 +1,6 @@
-// Throughput, MFU, energy per token and power per GPU. The model-FLOPs formula is Narayanan et
-// al. (SC '21) eq. 3 without recompute, in the per-token form of Chowdhery et al. (PaLM, 2022,
-// appendix B): 6 FLOPs per matmul weight and token plus 12 * L * s * a * d for attention;
-// include/kareus/metrics.h explains each term.
+// Throughput, MFU, energy per token and power per GPU. Model FLOPs are the kernel graph's count
+// (src/workload/kernel_graph.cc), the one count every output uses; include/kareus/metrics.h
+// states the convention.
 #include "kareus/metrics.h"
 
 #include <fmt/format.h>
@@ -9,20 +8,12 @@
 #include <cmath>
 
 #include "kareus/error.h"
+#include "kareus/kernel_graph.h"
 
 namespace kareus {
 
-double matmul_parameters(const ModelConfig& m) {
-  const double h = m.hidden, d = m.head_dim, a = m.heads, g = m.kv_heads, f = m.ffn_hidden;
-  const double per_layer = h * (a + 2 * g) * d + a * d * h + 3 * h * f;
-  return m.layers * per_layer + static_cast<double>(m.vocab) * h;
-}
-
 double model_flops_per_iteration(const Workload& w) {
-  const ModelConfig& m = w.model;
-  const double attention_per_token =
-      12.0 * m.layers * static_cast<double>(w.batch.seq_len) * m.heads * m.head_dim;
-  return w.tokens_per_iteration() * (6.0 * matmul_parameters(m) + attention_per_token);
+  return build_kernel_graph(w).model_flops_per_iteration;
 }
 
 JobShape job_shape(const Workload& w) {
