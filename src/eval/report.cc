@@ -118,9 +118,10 @@ std::string metrics_definitions(const WorkloadEvaluation& e) {
   const JobShape& j = e.job;
   return fmt::format(
       "tokens/s: {} tokens per iteration (whole job) over the iteration time; per GPU: over {} "
-      "GPUs. MFU: model FLOPs per iteration, {} (Narayanan et al., SC '21, eq. 3 "
-      "without recompute: 6 x matmul weights x tokens plus the attention term; recomputed "
-      "forwards are not counted), over iteration time x {} GPUs x {:.0f} TFLOP/s (the GPU's "
+      "GPUs. MFU: model FLOPs per iteration, {} (6 x the matmul weights each token multiplies, "
+      "a MoE layer's top-k experts, plus causal attention at half the s x s square; Narayanan "
+      "et al., SC '21, eq. 3, counts the full square; recomputed forwards are not counted), "
+      "over iteration time x {} GPUs x {:.0f} TFLOP/s (the GPU's "
       "dense bf16 peak). energy/token: whole-job energy per iteration over its tokens. W/GPU: "
       "average power per GPU, static power included.\n\n",
       j.tokens_per_iteration, j.gpus, human_flops(j.model_flops_per_iteration), j.gpus,
@@ -299,8 +300,8 @@ std::string suite_report(const std::vector<WorkloadEvaluation>& all, double seco
   s += "\"Own frontier loses\": at how many of the deadlines both can meet Kareus's own frontier "
        "(without falling back to a baseline's plan) needs more energy than Perseus / "
        "Nanobatching+Perseus, and by how much at worst.\n\n";
-  s += "Throughput and energy per token (MFU: model FLOPs per Narayanan et al., SC '21, without "
-       "recompute, over the GPUs' dense bf16 peak; energy and power include static power). "
+  s += "Throughput and energy per token (MFU: model FLOPs without recompute, causal attention at "
+       "half, over the GPUs' dense bf16 peak; energy and power include static power). "
        "Profiling: the real-GPU cost estimate of each workload's measured configurations (5 s "
        "window + 5 s cool-down each, one node per measurement).\n\n";
   s += throughput_table(all) + "\n";
