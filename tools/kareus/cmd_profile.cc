@@ -142,8 +142,11 @@ void register_profile(CLI::App& app, Action& action) {
   // Bounded while parsing, so a value beyond int says its limit instead of "Could not convert";
   // the GPU's own clocks are checked once the workload is loaded.
   cmd->add_option("--freq", a.freq, "SM clock in MHz")->check(integer_in(1, 100000, "MHz"));
-  cmd->add_option("--sms", a.sms, "SMs (CTAs) given to the collective")
-      ->check(integer_in(1, kMaxCollectiveSms, "SMs"));
+  // 0 (the copy engines) only where the partition allows it: validate_config says so.
+  cmd->add_option("--sms", a.sms,
+                  "SMs (CTAs) given to the collective; 0: the copy engines, where the "
+                  "partition's all-to-alls allow them")
+      ->check(integer_in(kCopyEngineSms, kMaxCollectiveSms, "SMs"));
   cmd->add_option("--slot", a.slot, "launch slot of the collective");
   cmd->add_flag("--sweep", a.sweep,
                 fmt::format("measure every configuration (all partitions by default) into the "
