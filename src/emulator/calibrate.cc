@@ -19,14 +19,13 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "csv_rows.h"
 #include "kareus/error.h"
 
 namespace kareus {
 
-namespace {
+namespace detail {
 
-// Calls fn(fields, line number) for every data row of a comma-separated file whose first
-// non-comment line must start with `header`; `what` names the file's kind in errors.
 void for_each_csv_row(const std::string& csv_path, const std::string& header,
                       const std::string& what,
                       const std::function<void(const std::vector<std::string>&, int)>& fn) {
@@ -52,7 +51,9 @@ void for_each_csv_row(const std::string& csv_path, const std::string& header,
   }
 }
 
-}  // namespace
+}  // namespace detail
+
+using detail::for_each_csv_row;
 
 std::vector<CalibrationTarget> read_calibration_targets(const std::string& csv_path,
                                                         int max_freq_mhz) {

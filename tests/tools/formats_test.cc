@@ -215,6 +215,10 @@ TEST(Formats, DocumentedKeysAreExactlyTheEmittedOnes) {
   c.add("emulate --json",
         run_json("emulate " + qwen + " --plan " + tmp.file("plan.json") + " --json"));
   c.add("calibrate --json", run_json("calibrate --no-fit --json"));  // a fit emits the same keys
+  c.add("calibrate --artifact --json",
+        run_json("calibrate --artifact-csv " +
+                 test::source_path("data/calibration/artifact_frontiers.csv") +
+                 " --only qwen3-1.7b_tp8_mbs8_seq4096 --quiet --json"));
   // eval --json is an array of evaluations; optimize --json and frontier.json are an
   // evaluation with more keys, documented in their own tables.
   const auto suite = tmp.path() + "/suite";

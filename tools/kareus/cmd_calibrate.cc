@@ -3,6 +3,9 @@
 // Perseus per-clock A100 stage profiles (data/calibration/), then prints the residuals of both,
 // the profiles the fit saw apart from the held-out ones. Without arguments it refits the
 // shipped calibration, reproducing the committed defaults (docs/emulator.md).
+// `kareus calibrate --artifact DIR | --artifact-csv FILE [--only NAMES] [--write-csv FILE]`:
+// the measured frontiers of the Kareus artifact against the emulated ones (fidelity.h), with
+// the committed parameters; nothing is fitted.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -16,8 +19,14 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "kareus/artifact.h"
 #include "kareus/calibrate.h"
+#include "kareus/evaluate.h"
+#include "kareus/fidelity.h"
+#include "kareus/interrupt.h"
+#include "kareus/progress.h"
 #include "kareus/table.h"
+#include "profiling_flags.h"
 
 namespace kareus::cli {
 namespace {
@@ -174,6 +183,100 @@ nlohmann::json device_json(const DevicePart& d) {
   return j;
 }
 
+/// What `--artifact` and `--artifact-csv` take, owned by the subcommand's callback.
+struct ArtifactArgs {
+  std::string dir, csv, write_csv, source = "github.com/ml-energy/kareus commit 98f02558";
+  std::vector<std::string> only;
+  bool quiet = false;
+};
+
+/// The comment header of the CSV `--write-csv` writes.
+std::vector<std::string> artifact_csv_comment(const std::string& source) {
+  return {
+      "Measured frontiers of the Kareus artifact (Wu, Chung, Chowdhury, OSDI '26), extracted by",
+      "`kareus calibrate --artifact DIR --write-csv FILE` (scripts/extract-artifact-frontiers).",
+      "Source: " + source + ", files",
+      "  "
+      "tests/{perseus,nanobatch_perseus,kareus}/schedules/megatron_<model>/"
+      "cp<C>_tp<T>_mbs<M>_seq<S>/",
+      "  frontier/{freqs,scheds}_pipeline_NNNNN.py, one frontier point per file, planned by the",
+      "  authors' solver from profiles of real runs on 2 nodes x 8 A100 SXM4 40GB, PP=2.",
+      "Licence: Apache-2.0 (the artifact's LICENSE), copyright its authors; numbers unchanged.",
+      "Each file's '# Iteration N total cost: X' and '# Iteration N total cost with P2P: Y' give",
+      "  energy_j    = Y: one GPU of each of the 2 pipeline stages, summed over the stages, static",
+      "                included (whole-job energy = energy_j x GPUs per stage)",
+      "  iter_time_s = (Y - X) / (2 x 85 W): the blocking energy at 85 W static power per stage",
+      "workload: workloads/paper/<workload>.yaml; method: the artifact's folder (perseus =",
+      "Megatron-LM + Perseus, nanobatch_perseus = Nanobatching + Perseus, kareus = Kareus).",
+      "Rows sorted by workload, method, then time (fastest first). The fit/held-out split of",
+      "issue 28 is artifact_set() in src/emulator/artifact.cc."};
+}
+
+/// --artifact / --artifact-csv: the measured frontiers against the emulated ones.
+int run_artifact(const ArtifactArgs& a, bool json) {
+  if (!a.csv.empty()) check_input_file("--artifact-csv", a.csv);
+  std::vector<ArtifactFrontier> measured =
+      a.csv.empty() ? read_artifact_frontiers(a.dir) : read_artifact_csv(a.csv);
+  if (!a.only.empty()) {
+    for (const auto& name : a.only) {
+      if (std::none_of(measured.begin(), measured.end(),
+                       [&name](const ArtifactFrontier& f) { return f.workload == name; })) {
+        throw InvalidInput(fmt::format("--only {}: no such workload in the artifact", name));
+      }
+    }
+    std::erase_if(measured, [&a](const ArtifactFrontier& f) {
+      return std::find(a.only.begin(), a.only.end(), f.workload) == a.only.end();
+    });
+  }
+  if (!a.write_csv.empty()) {
+    check_output("--write-csv", a.write_csv, OutputKind::kFile);
+    std::ofstream out(a.write_csv);
+    if (!out) throw InvalidInput(fmt::format("--write-csv {}: cannot write", a.write_csv));
+    write_artifact_csv(out, measured, artifact_csv_comment(a.source));
+    std::cout << fmt::format("wrote {} ({} frontiers)\n", a.write_csv, measured.size());
+    return 0;
+  }
+  std::vector<std::string> names;
+  for (const auto& f : measured) {
+    if (std::find(names.begin(), names.end(), f.workload) == names.end()) {
+      names.push_back(f.workload);
+    }
+  }
+  std::vector<Workload> workloads;
+  for (const auto& name : names) {
+    const std::string path = shipped_path("workloads/paper/" + name + ".yaml");
+    check_input_file("workload of artifact " + name, path);
+    workloads.push_back(load_job(path));
+  }
+  // The truth the frontiers would be planned from: exact measurements, default planner.
+  ProfilingFlags exact;
+  exact.noise = 0;
+  exact.time_noise = 0;
+  std::map<std::string, EmulatedWorkload> emulated;
+  Progress bar("artifact workloads", workloads.size(), !a.quiet);
+  const PlannerProgress poll = [](const std::string&, std::size_t, std::size_t) {
+    throw_if_interrupted();
+  };
+  for (std::size_t i = 0; i < workloads.size(); ++i) {
+    const Workload& w = workloads[i];
+    ProfilingSession s = open_profiling(exact, w);
+    emulated[names[i]] = {evaluate_workload(w, *s.cached, PlannerOptions{}, poll),
+                          w.parallel.gpus_per_stage()};
+    bar.update(i + 1);
+  }
+  bar.finish();
+  const FidelityReport r = artifact_fidelity(measured, emulated);
+  const GpuSpec& gpu = workloads.front().gpu();
+  if (json) {
+    nlohmann::json j = to_json(r);
+    j["power_model"] = power_model_json(gpu);
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << fidelity_text(r) << power_model_text(gpu);
+  return 0;
+}
+
 }  // namespace
 
 void register_calibrate(CLI::App& app, Action& action) {
@@ -187,8 +290,9 @@ void register_calibrate(CLI::App& app, Action& action) {
     bool per_clock = false, json = false, no_fit = false;
   };
   auto args = std::make_shared<Args>();
-  cmd->add_option("CSV", args->csv, "calibration CSV (method,iter_time_s,energy_j)")
-      ->capture_default_str();
+  auto art = std::make_shared<ArtifactArgs>();
+  auto* csv_opt = cmd->add_option("CSV", args->csv, "calibration CSV (method,iter_time_s,energy_j)")
+                      ->capture_default_str();
   cmd->add_option("--workload", args->workload, "workload the measurements belong to")
       ->capture_default_str();
   cmd->add_option("--profiles", args->profiles,
@@ -203,7 +307,61 @@ void register_calibrate(CLI::App& app, Action& action) {
                 "a fit takes minutes)");
   cmd->add_flag("--per-clock", args->per_clock, "print every clock, not every 90 MHz");
   cmd->add_flag("--json", args->json, "machine-readable output (every row)");
-  cmd->callback([&action, args] {
+  auto* dir_opt = cmd->add_option(
+      "--artifact", art->dir,
+      "Kareus artifact checkout: compare its measured frontiers with the emulated ones "
+      "(committed parameters, no fit)");
+  auto* art_csv_opt =
+      cmd->add_option("--artifact-csv", art->csv,
+                      "the same from the extracted CSV (data/calibration/artifact_frontiers.csv)");
+  auto* only_opt =
+      cmd->add_option("--only", art->only, "with --artifact(-csv): only these workloads (A,B)")
+          ->delimiter(',');
+  auto* write_opt = cmd->add_option(
+      "--write-csv", art->write_csv,
+      "with --artifact: write the frontiers read as CSV to this file and stop (no emulation)");
+  auto* source_opt = cmd->add_option("--artifact-source", art->source,
+                                     "with --write-csv: the artifact's origin, for the CSV header")
+                         ->capture_default_str();
+  auto* quiet_opt =
+      cmd->add_flag("--quiet", art->quiet, "with --artifact(-csv): no progress display");
+  // The fit's options and the artifact's exclude each other; checked here, so that --help
+  // stays a list of options.
+  const std::vector<CLI::Option*> fit_opts = {csv_opt,
+                                              cmd->get_option("--workload"),
+                                              cmd->get_option("--profiles"),
+                                              cmd->get_option("--fit"),
+                                              cmd->get_option("--no-fit"),
+                                              cmd->get_option("--per-clock")};
+  const std::vector<CLI::Option*> artifact_opts = {only_opt, write_opt, source_opt, quiet_opt};
+  cmd->callback([&action, args, art, dir_opt, art_csv_opt, write_opt, source_opt, fit_opts,
+                 artifact_opts] {
+    auto refuse = [&action](std::string why) {
+      action = [why]() -> int { throw InvalidInput(why); };
+    };
+    const bool from_dir = dir_opt->count() > 0, from_csv = art_csv_opt->count() > 0;
+    if (from_dir && from_csv) return refuse("--artifact and --artifact-csv exclude each other");
+    if (from_dir || from_csv) {
+      for (const auto* o : fit_opts) {
+        if (o->count() > 0) {
+          return refuse(
+              fmt::format("{} is an option of the fit; --artifact and --artifact-csv "
+                          "fit nothing",
+                          o->get_name()));
+        }
+      }
+      if (write_opt->count() > 0 && !from_dir) return refuse("--write-csv needs --artifact DIR");
+      if (source_opt->count() > 0 && write_opt->count() == 0) {
+        return refuse("--artifact-source needs --write-csv");
+      }
+      action = [args, art] { return run_artifact(*art, args->json); };
+      return;
+    }
+    for (const auto* o : artifact_opts) {
+      if (o->count() > 0) {
+        return refuse(fmt::format("{} needs --artifact DIR or --artifact-csv FILE", o->get_name()));
+      }
+    }
     action = [args] {
       const bool json = args->json;
       const std::string csv = shipped_default(args->csv, kDefaultCsv);
