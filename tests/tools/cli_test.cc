@@ -73,8 +73,10 @@ TEST(Cli, ProfileJsonAndInvalidValues) {
   };
   for (const auto& b : std::vector<Bad>{
            {"--partition fwd_attn --freq 1400 --sms 24 --slot norm", "210..1410"},
-           {"--partition fwd_attn --freq 1410 --sms 0 --slot norm", "1..32"},
-           {"--partition fwd_attn --freq 1410 --sms 40 --slot norm", "1..32"},
+           // 0 is the copy engines, which this dense job's TP AllReduce cannot use.
+           {"--partition fwd_attn --freq 1410 --sms 0 --slot norm",
+            "partition fwd_attn allows 1..32 (NCCL's channel limit)"},
+           {"--partition fwd_attn --freq 1410 --sms 40 --slot norm", "0..32"},
            {"--partition fwd_attn --freq 1410 --sms 24 --slot fc1", "norm, qkv, rope, attn"},
            {"--partition ffn --freq 1410 --sms 24 --slot norm", "fwd_attn"},
            {"--partition fwd_attn --freq 1410 --sms 24 --slot norm --backend gpu", "emulator"}}) {
@@ -244,7 +246,7 @@ TEST(CliLimits, NumbersBeyondIntNameTheLimit) {
            {one + " --freq 99999999999 --sms 24 --slot norm",
             "--freq: '99999999999' is not allowed: an integer number of MHz in 1..100000"},
            {one + " --freq 1410 --sms 99999999999 --slot norm",
-            "--sms: '99999999999' is not allowed: an integer number of SMs in 1..32"},
+            "--sms: '99999999999' is not allowed: an integer number of SMs in 0..32"},
            {one + " --freq 1410 --sms 24 --slot norm --backend cuda --devices 0,99999999999999",
             "--devices: '99999999999999' is not allowed: an integer number of device index in "
             "0..1023"},
