@@ -128,6 +128,22 @@ namespace {
 constexpr double kBf16 = 2.0;  // bytes per activation / weight element
 constexpr double kFp32 = 4.0;  // gradients are reduced in fp32 (Megatron's main_grad)
 
+// A block of one nano-batch's compute; the caller sets its collective.
+Block make_block(std::string name, InstructionKind direction, bool recompute) {
+  Block b;
+  b.name = std::move(name);
+  b.direction = direction;
+  b.recompute = recompute;
+  return b;
+}
+
+// Appends `k` to the block's compute; a slot name makes it a launch point of the other
+// nano-batch's collective.
+void add_op(Block& b, Kernel k, const char* slot = nullptr) {
+  if (slot) b.slots.push_back({slot, static_cast<int>(b.ops.size())});
+  b.ops.push_back(std::move(k));
+}
+
 // Builds kernels for one micro-batch slice of `tokens` local tokens.
 class Builder {
  public:
@@ -321,15 +337,7 @@ class Builder {
     const bool cp = p_.cp > 1;
     const bool sp = p_.sequence_parallel;
     auto mk = [&](std::string name) {
-      Block b;
-      b.name = std::move(name);
-      b.direction = InstructionKind::kForward;
-      b.recompute = recompute;
-      return b;
-    };
-    auto add = [&](Block& b, Kernel k, const char* slot = nullptr) {
-      if (slot) b.slots.push_back({slot, static_cast<int>(b.ops.size())});
-      b.ops.push_back(std::move(k));
+      return make_block(std::move(name), InstructionKind::kForward, recompute);
     };
     auto norm_entry = [&](Block& b, const char* block_name) {
       norm_entry_into(out, b, block_name, residual_add("residual_add"), rmsnorm("rmsnorm"));
@@ -337,9 +345,9 @@ class Builder {
     const double qkv_n = q_cols_ + 2.0 * kv_cols_;
     const double qk_elems = tokens_ * (q_cols_ + kv_cols_);
     auto qkv_ops = [&](Block& b, const char* gemm_slot) {
-      add(b, fwd_gemm("qkv_gemm", qkv_n, h_), gemm_slot);
-      if (m_.qk_norm) add(b, elementwise("qk_norm", OpKind::kNorm, qk_elems, 4, 1, 1));
-      add(b, elementwise("rope", OpKind::kElementwise, qk_elems, 3, 1, 1), "rope");
+      add_op(b, fwd_gemm("qkv_gemm", qkv_n, h_), gemm_slot);
+      if (m_.qk_norm) add_op(b, elementwise("qk_norm", OpKind::kNorm, qk_elems, 4, 1, 1));
+      add_op(b, elementwise("rope", OpKind::kElementwise, qk_elems, 3, 1, 1), "rope");
     };
     const char* exit_name = sp ? "tp_reducescatter" : "tp_allreduce";
     if (cp) {
@@ -349,16 +357,16 @@ class Builder {
       q.collective = kv_gather("cp_allgather_kv", false);
       out.push_back(std::move(q));
       Block ao = mk("ao");
-      add(ao, attention(false), "attn");
-      add(ao, fwd_gemm("out_proj", h_, q_cols_), "linear");
+      add_op(ao, attention(false), "attn");
+      add_op(ao, fwd_gemm("out_proj", h_, q_cols_), "linear");
       ao.collective = tp_exit(exit_name);
       out.push_back(std::move(ao));
     } else {
       Block at = mk("attn");
       norm_entry(at, "attn_norm");
       qkv_ops(at, "qkv");
-      add(at, attention(false), "attn");
-      add(at, fwd_gemm("out_proj", h_, q_cols_));
+      add_op(at, attention(false), "attn");
+      add_op(at, fwd_gemm("out_proj", h_, q_cols_));
       at.collective = tp_exit(exit_name);
       out.push_back(std::move(at));
     }
@@ -369,9 +377,9 @@ class Builder {
     }
     Block ml = mk("mlp");
     norm_entry(ml, "mlp_norm");
-    add(ml, fwd_gemm("fc1", 2.0 * f_, h_), "linear");
-    add(ml, elementwise("swiglu", OpKind::kElementwise, tokens_ * f_, 5, 2, 1), "activation");
-    add(ml, fwd_gemm("fc2", h_, f_));
+    add_op(ml, fwd_gemm("fc1", 2.0 * f_, h_), "linear");
+    add_op(ml, elementwise("swiglu", OpKind::kElementwise, tokens_ * f_, 5, 2, 1), "activation");
+    add_op(ml, fwd_gemm("fc2", h_, f_));
     ml.collective = tp_exit(exit_name);
     out.push_back(std::move(ml));
     return out;
@@ -388,48 +396,38 @@ class Builder {
   double shared_ffn() const {
     return static_cast<double>(m_.shared_experts) * m_.shared_expert_ffn_hidden;
   }
-  Kernel no_collective() const {
-    return collective("none", CollectiveKind::kAllReduce, CommGroup::kTp, 0.0);
-  }
 
   // Forward: norm and routing ending in the dispatch, the experts ending in the combine, and
   // the unpermute (no tensor cores: it joins the combine's communication chain).
   std::vector<Block> moe_forward(bool recompute) const {
     std::vector<Block> out;
     auto mk = [&](std::string name) {
-      Block b;
-      b.name = std::move(name);
-      b.direction = InstructionKind::kForward;
-      b.recompute = recompute;
-      return b;
-    };
-    auto add = [&](Block& b, Kernel k, const char* slot = nullptr) {
-      if (slot) b.slots.push_back({slot, static_cast<int>(b.ops.size())});
-      b.ops.push_back(std::move(k));
+      return make_block(std::move(name), InstructionKind::kForward, recompute);
     };
     const double T = sp_tokens_, E = m_.experts, fe = m_.expert_ffn_hidden;
     Block route = mk("moe_route");
-    add(route, residual_add("residual_add"), "norm");
-    add(route, rmsnorm("rmsnorm"));
+    add_op(route, residual_add("residual_add"), "norm");
+    add_op(route, rmsnorm("rmsnorm"));
     // The router is replicated: every rank scores its own tokens against all experts.
-    add(route, gemm("router_gemm", T, E, h_, true), "router");
-    add(route, elementwise("router_topk", OpKind::kElementwise, T * E, 8, 1, 1, kFp32));
-    add(route, elementwise("permute", OpKind::kElementwise, routed_rows_ * h_, 0, 1, 1), "permute");
+    add_op(route, gemm("router_gemm", T, E, h_, true), "router");
+    add_op(route, elementwise("router_topk", OpKind::kElementwise, T * E, 8, 1, 1, kFp32));
+    add_op(route, elementwise("permute", OpKind::kElementwise, routed_rows_ * h_, 0, 1, 1),
+           "permute");
     if (m_.shared_experts > 0) {
       // Shared experts run while the dispatch is in flight (--moe-shared-expert-overlap).
-      add(route, gemm("shared_fc1", T, 2.0 * shared_ffn(), h_, true), "shared");
-      add(route, elementwise("shared_swiglu", OpKind::kElementwise, T * shared_ffn(), 5, 2, 1));
-      add(route, gemm("shared_fc2", T, h_, shared_ffn(), true));
+      add_op(route, gemm("shared_fc1", T, 2.0 * shared_ffn(), h_, true), "shared");
+      add_op(route, elementwise("shared_swiglu", OpKind::kElementwise, T * shared_ffn(), 5, 2, 1));
+      add_op(route, gemm("shared_fc2", T, h_, shared_ffn(), true));
     }
     route.collective = ep_alltoall("ep_dispatch");
     out.push_back(std::move(route));
 
     Block ex = mk("moe_experts");
     const double rows = expert_rows();
-    add(ex, grouped_gemm("expert_fc1", rows, 2.0 * fe, h_, local_experts_, true), "linear");
-    add(ex, elementwise("expert_swiglu", OpKind::kElementwise, routed_rows_ * fe, 5, 2, 1),
-        "activation");
-    add(ex, grouped_gemm("expert_fc2", rows, h_, fe, local_experts_, true));
+    add_op(ex, grouped_gemm("expert_fc1", rows, 2.0 * fe, h_, local_experts_, true), "linear");
+    add_op(ex, elementwise("expert_swiglu", OpKind::kElementwise, routed_rows_ * fe, 5, 2, 1),
+           "activation");
+    add_op(ex, grouped_gemm("expert_fc2", rows, h_, fe, local_experts_, true));
     ex.collective = ep_alltoall("ep_combine");
     out.push_back(std::move(ex));
 
@@ -437,8 +435,9 @@ class Builder {
     // Weighted sum of each token's k expert outputs.
     Kernel u = elementwise("unpermute", OpKind::kElementwise, routed_rows_ * h_, 2, 1, 0);
     u.bytes_written = T * h_ * kBf16;
-    add(un, u);
-    un.collective = no_collective();
+    add_op(un, u);
+    // No communication: fold_small_blocks adds the unpermute to the combine's chain.
+    un.collective = collective("none", CollectiveKind::kAllReduce, CommGroup::kTp, 0.0);
     out.push_back(std::move(un));
     return out;
   }
@@ -448,54 +447,46 @@ class Builder {
   // permute and router backward (and the shared experts').
   std::vector<Block> moe_backward() const {
     std::vector<Block> out;
-    auto mk = [&](std::string name) {
-      Block b;
-      b.name = std::move(name);
-      b.direction = InstructionKind::kBackward;
-      return b;
-    };
-    auto add = [&](Block& b, Kernel k, const char* slot = nullptr) {
-      if (slot) b.slots.push_back({slot, static_cast<int>(b.ops.size())});
-      b.ops.push_back(std::move(k));
+    auto mk = [](std::string name) {
+      return make_block(std::move(name), InstructionKind::kBackward, false);
     };
     const double T = sp_tokens_, E = m_.experts, fe = m_.expert_ffn_hidden;
     const double rows = expert_rows();
     const int G = local_experts_;
     Block ub = mk("moe_unpermute");
-    add(ub, rmsnorm_bwd("rmsnorm_bwd"), "norm");
-    add(ub, residual_add("residual_grad_add"));
+    add_op(ub, rmsnorm_bwd("rmsnorm_bwd"), "norm");
+    add_op(ub, residual_add("residual_grad_add"));
     Kernel u = elementwise("unpermute_bwd", OpKind::kElementwise, routed_rows_ * h_, 2, 0, 1);
     u.bytes_read = (T + routed_rows_) * h_ * kBf16;  // dY and the saved expert outputs
-    add(ub, u);
+    add_op(ub, u);
     ub.collective = ep_alltoall("ep_combine_bwd");
     out.push_back(std::move(ub));
 
     Block ex = mk("moe_experts");
-    add(ex, grouped_gemm("expert_fc2_dgrad", rows, fe, h_, G, true), "linear");
-    add(ex, grouped_gemm("expert_fc2_wgrad", fe, h_, rows, G, true));
-    add(ex, elementwise("expert_swiglu_bwd", OpKind::kElementwise, routed_rows_ * fe, 8, 3, 2),
-        "activation");
-    add(ex, grouped_gemm("expert_fc1_dgrad", rows, h_, 2.0 * fe, G, true));
-    add(ex, grouped_gemm("expert_fc1_wgrad", h_, 2.0 * fe, rows, G, true));
+    add_op(ex, grouped_gemm("expert_fc2_dgrad", rows, fe, h_, G, true), "linear");
+    add_op(ex, grouped_gemm("expert_fc2_wgrad", fe, h_, rows, G, true));
+    add_op(ex, elementwise("expert_swiglu_bwd", OpKind::kElementwise, routed_rows_ * fe, 8, 3, 2),
+           "activation");
+    add_op(ex, grouped_gemm("expert_fc1_dgrad", rows, h_, 2.0 * fe, G, true));
+    add_op(ex, grouped_gemm("expert_fc1_wgrad", h_, 2.0 * fe, rows, G, true));
     ex.collective = ep_alltoall("ep_dispatch_bwd");
     out.push_back(std::move(ex));
 
     Block rb = mk("moe_route");
-    add(rb, elementwise("permute_bwd", OpKind::kElementwise, routed_rows_ * h_, 1, 1, 0),
-        "permute");
-    add(rb, elementwise("router_topk_bwd", OpKind::kElementwise, T * E, 8, 2, 1, kFp32));
-    add(rb, gemm("router_gemm_dgrad", T, h_, E, true), "router");
-    add(rb, gemm("router_gemm_wgrad", h_, E, T, true));
+    add_op(rb, elementwise("permute_bwd", OpKind::kElementwise, routed_rows_ * h_, 1, 1, 0),
+           "permute");
+    add_op(rb, elementwise("router_topk_bwd", OpKind::kElementwise, T * E, 8, 2, 1, kFp32));
+    add_op(rb, gemm("router_gemm_dgrad", T, h_, E, true), "router");
+    add_op(rb, gemm("router_gemm_wgrad", h_, E, T, true));
     if (m_.shared_experts > 0) {
       const double fs = shared_ffn();
-      add(rb, gemm("shared_fc2_dgrad", T, fs, h_, true), "shared");
-      add(rb, gemm("shared_fc2_wgrad", fs, h_, T, true));
-      add(rb, elementwise("shared_swiglu_bwd", OpKind::kElementwise, T * fs, 8, 3, 2));
-      add(rb, gemm("shared_fc1_dgrad", T, h_, 2.0 * fs, true));
-      add(rb, gemm("shared_fc1_wgrad", h_, 2.0 * fs, T, true));
+      add_op(rb, gemm("shared_fc2_dgrad", T, fs, h_, true), "shared");
+      add_op(rb, gemm("shared_fc2_wgrad", fs, h_, T, true));
+      add_op(rb, elementwise("shared_swiglu_bwd", OpKind::kElementwise, T * fs, 8, 3, 2));
+      add_op(rb, gemm("shared_fc1_dgrad", T, h_, 2.0 * fs, true));
+      add_op(rb, gemm("shared_fc1_wgrad", h_, 2.0 * fs, T, true));
     }
-    rb.collective = no_collective();
-    out.push_back(std::move(rb));
+    out.push_back(std::move(rb));  // merged into the attention's backward (backward_layer)
     return out;
   }
 
@@ -515,15 +506,8 @@ class Builder {
   std::vector<Block> backward_layer(bool moe) const {
     const bool cp = p_.cp > 1;
     const bool sp = p_.sequence_parallel;
-    auto mk = [&](std::string name) {
-      Block b;
-      b.name = std::move(name);
-      b.direction = InstructionKind::kBackward;
-      return b;
-    };
-    auto add = [&](Block& b, Kernel k, const char* slot = nullptr) {
-      if (slot) b.slots.push_back({slot, static_cast<int>(b.ops.size())});
-      b.ops.push_back(std::move(k));
+    auto mk = [](std::string name) {
+      return make_block(std::move(name), InstructionKind::kBackward, false);
     };
     std::vector<Block> out;
     // The norm backward of the layer above (after its gradient's AllReduce) and the residual
@@ -542,31 +526,32 @@ class Builder {
     } else {
       Block ml = mk(sp ? "mlp_gemm" : "mlp");
       norm_entry(ml, "mlp");
-      add(ml, dgrad("fc2", h_, f_), "linear");
-      add(ml, wgrad("fc2", h_, f_));
-      add(ml, elementwise("swiglu_bwd", OpKind::kElementwise, tokens_ * f_, 8, 3, 2), "activation");
-      add(ml, dgrad("fc1", 2.0 * f_, h_));
-      add(ml, wgrad("fc1", 2.0 * f_, h_));
+      add_op(ml, dgrad("fc2", h_, f_), "linear");
+      add_op(ml, wgrad("fc2", h_, f_));
+      add_op(ml, elementwise("swiglu_bwd", OpKind::kElementwise, tokens_ * f_, 8, 3, 2),
+             "activation");
+      add_op(ml, dgrad("fc1", 2.0 * f_, h_));
+      add_op(ml, wgrad("fc1", 2.0 * f_, h_));
       ml.collective = tp_exit(exit_name);
       out.push_back(std::move(ml));
     }
     const std::size_t attention_begin = out.size();
 
     auto qkv_tail = [&](Block& b) {
-      add(b, elementwise("rope_bwd", OpKind::kElementwise, qk_elems, 3, 1, 1), "rope");
-      if (m_.qk_norm) add(b, elementwise("qk_norm_bwd", OpKind::kNorm, qk_elems, 8, 2, 1));
-      add(b, dgrad("qkv_gemm", qkv_n, h_), cp ? "linear" : nullptr);
-      add(b, wgrad("qkv_gemm", qkv_n, h_));
+      add_op(b, elementwise("rope_bwd", OpKind::kElementwise, qk_elems, 3, 1, 1), "rope");
+      if (m_.qk_norm) add_op(b, elementwise("qk_norm_bwd", OpKind::kNorm, qk_elems, 8, 2, 1));
+      add_op(b, dgrad("qkv_gemm", qkv_n, h_), cp ? "linear" : nullptr);
+      add_op(b, wgrad("qkv_gemm", qkv_n, h_));
     };
     if (cp) {
       Block o = mk("o");
       norm_entry(o, "o_norm");
-      add(o, dgrad("out_proj", h_, q_cols_), "linear");
-      add(o, wgrad("out_proj", h_, q_cols_));
+      add_op(o, dgrad("out_proj", h_, q_cols_), "linear");
+      add_op(o, wgrad("out_proj", h_, q_cols_));
       o.collective = kv_gather("cp_allgather_kv", false);  // K,V again for attention backward
       out.push_back(std::move(o));
       Block a = mk("a");
-      add(a, attention(true), "attn");
+      add_op(a, attention(true), "attn");
       a.collective = kv_gather("cp_reducescatter_dkv", true);
       out.push_back(std::move(a));
       Block q = mk("qkv");
@@ -576,9 +561,9 @@ class Builder {
     } else {
       Block at = mk("attn");
       norm_entry(at, "attn_norm");
-      add(at, dgrad("out_proj", h_, q_cols_), "linear");
-      add(at, wgrad("out_proj", h_, q_cols_));
-      add(at, attention(true), "attn");
+      add_op(at, dgrad("out_proj", h_, q_cols_), "linear");
+      add_op(at, wgrad("out_proj", h_, q_cols_));
+      add_op(at, attention(true), "attn");
       qkv_tail(at);
       at.collective = tp_exit(exit_name);
       out.push_back(std::move(at));
@@ -748,13 +733,15 @@ KernelGraph build_kernel_graph(const Workload& w) {
     sg.forward.kind = InstructionKind::kForward;
     sg.backward.kind = InstructionKind::kBackward;
     sg.forward.nano_batches = sg.backward.nano_batches = nb;
-    // Layer blocks by kind: [0] dense MLP, [1] mixture of experts.
+    // Layer blocks by kind: [0] dense MLP, [1] mixture of experts (only for a MoE model).
+    const bool moe = w.model.moe();
+    const std::vector<Block> none;
     const std::vector<Block> fwd[2] = {nano.forward_layer(false, false),
-                                       nano.forward_layer(false, w.model.moe())};
+                                       moe ? nano.forward_layer(false, true) : none};
     const std::vector<Block> rec[2] = {nano.forward_layer(true, false),
-                                       nano.forward_layer(true, w.model.moe())};
+                                       moe ? nano.forward_layer(true, true) : none};
     const std::vector<Block> bwd[2] = {nano.backward_layer(false),
-                                       nano.backward_layer(w.model.moe())};
+                                       moe ? nano.backward_layer(true) : none};
     const int first = p.first_layer(s);
     double params = 0, expert_params = 0;
     for (int l = 0; l < sg.layers; ++l) {
