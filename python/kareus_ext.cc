@@ -446,6 +446,11 @@ PYBIND11_MODULE(_core, m) {
   m.attr("PLAN_FORMAT_VERSION") = kareus_plan_format_version();
   m.attr("__version__") = kareus_version();
 
+#ifdef KAREUS_CLI_BUILD_PATH
+  m.attr("cli_build_path") = KAREUS_CLI_BUILD_PATH;
+#else
+  m.attr("cli_build_path") = "";
+#endif
   m.def("schedule_order", &schedule_order, py::arg("stages"), py::arg("chunks"),
         py::arg("microbatches"), py::arg("stage"),
         "Stage `stage`'s instructions in execution order as (kind, chunk, microbatch) tuples, "

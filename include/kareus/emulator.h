@@ -197,6 +197,14 @@ IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, Exe
                                   const SettingsFn& settings);
 IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, ExecutionMode mode,
                                   const SettingsFn& settings, double clock_switch_s);
+/// The replay with stragglers: every instruction of stage s takes stage_time_factor[s] times as
+/// long as the model predicts, at the same dynamic energy (a slow node or a throttled GPU does
+/// the same work more slowly; the extra time draws static power, counted through the iteration
+/// time). Messages and reductions keep their times. Empty: every stage as modelled. InvalidInput
+/// unless there is one finite factor > 0 per pipeline stage.
+IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, ExecutionMode mode,
+                                  const SettingsFn& settings, double clock_switch_s,
+                                  const std::vector<double>& stage_time_factor);
 
 /// The two reference schedules at a uniform clock: `megatron` (no nano-batches, kernels in
 /// order) and `nanobatch` (collective at the partition start with NCCL's default CTAs).

@@ -153,6 +153,10 @@ struct Plan {
   /// deadline goal (neither is written).
   double deadline_margin = -1;
   double replayed_time_s = -1;
+  /// Re-planned around stragglers (kareus plan --stage-slowdown, include/kareus/replan.h): per
+  /// stage, the factor by which its instructions' times were stretched in the prediction; empty:
+  /// none (the field is not written).
+  std::vector<double> stage_slowdown;
   /// The GPU's power model (GpuSpec::power_calibrated, power_source) the energies come from.
   bool power_calibrated = false;
   std::string power_source;

@@ -142,6 +142,18 @@ struct ClockSchedule {
 ClockSchedule schedule_with_switches(const MethodFrontier& f, const std::vector<int>& choice,
                                      double clock_switch_s);
 
+/// What a schedule needs besides the choice: the same for every choice on one frontier, so code
+/// that evaluates many choices (the frontier's clock holds, re-planning) computes it once.
+struct DagTopology {
+  std::vector<std::vector<int>> stages;  ///< instruction nodes of each stage, execution order
+  std::vector<std::vector<int>> preds;   ///< per node
+  std::vector<int> order;                ///< topological
+  explicit DagTopology(const MethodFrontier& f);
+};
+/// schedule_with_switches on a precomputed topology of `f`.
+ClockSchedule schedule_with_switches(const MethodFrontier& f, const DagTopology& t,
+                                     const std::vector<int>& choice, double clock_switch_s);
+
 /// Per stage, repeatedly removes the shortest run of equal clocks (sum of its instruction
 /// times) shorter than `min_hold_s`: it takes the clock of its faster neighbour, or, when it is
 /// faster than its neighbours, its shorter neighbour takes its clock (so no instruction gets a

@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <optional>
 
@@ -160,9 +161,10 @@ struct StageState {
 class Replay {
  public:
   Replay(const Schedule& sched, double p2p_t, double p2p_e, double clock_switch_s,
-         const DpCosts& dp)
+         const DpCosts& dp, const std::vector<double>& stage_time_factor)
       : sched_(sched),
         dp_(dp),
+        factor_(stage_time_factor),
         stages_(static_cast<std::size_t>(sched.stages())),
         end_(2 * static_cast<std::size_t>(sched.virtual_stages() * sched.microbatches()), -1),
         p2p_t_(p2p_t),
@@ -224,7 +226,8 @@ class Replay {
         st.dyn += dp_.gather_energy_j[vsi];
       }
       const InstructionSettings set = settings(me.virtual_stage, x.kind, x.microbatch);
-      const InstructionCost& c = cost(me.virtual_stage, x.kind, set);
+      InstructionCost c = cost(me.virtual_stage, x.kind, set);
+      if (!factor_.empty()) c.time_s *= factor_[s];
       const bool switches = st.last_freq != 0 && set.freq_mhz != st.last_freq;
       st.last_freq = set.freq_mhz;
       if (switches) ++st.changes;
@@ -249,6 +252,7 @@ class Replay {
 
   const Schedule& sched_;
   const DpCosts& dp_;
+  const std::vector<double>& factor_;                ///< per stage; empty: every stage as planned
   std::map<int, std::size_t> first_fwd_, last_bwd_;  ///< by virtual stage: index in its order
   std::vector<StageState> stages_;
   std::vector<double> end_;  ///< by (virtual stage, micro-batch, kind)
@@ -258,9 +262,20 @@ class Replay {
 }  // namespace
 
 IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, ExecutionMode mode,
-                                  const SettingsFn& settings, double clock_switch_s) {
+                                  const SettingsFn& settings, double clock_switch_s,
+                                  const std::vector<double>& stage_time_factor) {
   if (!(clock_switch_s >= 0)) {
     throw InvalidInput(fmt::format("clock switch time {} s: must be >= 0", clock_switch_s));
+  }
+  if (!stage_time_factor.empty() &&
+      stage_time_factor.size() != static_cast<std::size_t>(w.parallel.pp)) {
+    throw InvalidInput(fmt::format("stage slowdown: {} factors for {} pipeline stages",
+                                   stage_time_factor.size(), w.parallel.pp));
+  }
+  for (const double x : stage_time_factor) {
+    if (!(std::isfinite(x) && x > 0)) {
+      throw InvalidInput(fmt::format("stage slowdown factor {}: must be finite and > 0", x));
+    }
   }
   Workload wl = w;
   if (mode == ExecutionMode::kSequential) wl.batch.nano_batches = 1;
@@ -298,7 +313,7 @@ IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, Exe
       dp.gather_energy_j[static_cast<std::size_t>(g.stage)] = r.dynamic_energy_j;
     }
   }
-  Replay replay(sched, p2p.time_s, p2p.dynamic_energy_j, clock_switch_s, dp);
+  Replay replay(sched, p2p.time_s, p2p.dynamic_energy_j, clock_switch_s, dp, stage_time_factor);
   std::vector<StageState>& stages = replay.run(settings, cost);
   // Once-per-iteration reductions after the last backward (DP gradients, tied embeddings).
   for (int idx : ps.iteration_segments) {
@@ -330,6 +345,11 @@ IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, Exe
 IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, ExecutionMode mode,
                                   const SettingsFn& settings) {
   return emulate_iteration(w, m, mode, settings, m.gpu().clock_switch_s);
+}
+
+IterationResult emulate_iteration(const Workload& w, const EmulatorModel& m, ExecutionMode mode,
+                                  const SettingsFn& settings, double clock_switch_s) {
+  return emulate_iteration(w, m, mode, settings, clock_switch_s, {});
 }
 
 IterationResult emulate_schedule(const Workload& w, const EmulatorModel& m,

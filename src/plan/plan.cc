@@ -181,6 +181,7 @@ nlohmann::json Plan::to_json() const {
   j["power_model"] = {{"calibrated", power_calibrated}, {"source", power_source}};
   if (deadline_margin >= 0) j["deadline_margin"] = deadline_margin;
   if (replayed_time_s >= 0) j["replayed_time_s"] = replayed_time_s;
+  if (!stage_slowdown.empty()) j["stage_slowdown"] = stage_slowdown;
   j["execution"] = execution == ExecutionMode::kOverlapped ? "overlapped" : "sequential";
   j["goal"] = goal;
   j["iteration_time_s"] = iteration_time_s;
@@ -453,6 +454,19 @@ Plan Plan::from_json(const nlohmann::json& j, const std::string& source) {
   }
   if (j.contains("deadline_margin")) p.deadline_margin = r.non_negative(j, "deadline_margin", "");
   if (j.contains("replayed_time_s")) p.replayed_time_s = r.positive(j, "replayed_time_s", "");
+  if (j.contains("stage_slowdown")) {
+    const auto& f = r.array(j, "stage_slowdown", "");
+    if (f.size() != static_cast<std::size_t>(p.layout.pp)) {
+      r.fail("stage_slowdown", fmt::format("{} factors: expected one per pipeline stage ({})",
+                                           f.size(), p.layout.pp));
+    }
+    for (std::size_t k = 0; k < f.size(); ++k) {
+      if (!f[k].is_number() || !(f[k].get<double>() > 0) || !std::isfinite(f[k].get<double>())) {
+        r.fail(index_path("stage_slowdown", k), "expected a finite number > 0");
+      }
+      p.stage_slowdown.push_back(f[k].get<double>());
+    }
+  }
   // The planner writes each stage's end as the maximum of values whose maximum is
   // iteration_time_s, so they agree exactly; the slack only absorbs a rounding edit.
   const double tolerance_s = kTimeTolerance * p.iteration_time_s;
@@ -565,6 +579,7 @@ nlohmann::json plan_summary_json(const Plan& p) {
       {"stages", nlohmann::json::array()}};
   if (p.deadline_margin >= 0) j["deadline_margin"] = p.deadline_margin;
   if (p.replayed_time_s >= 0) j["replayed_time_s"] = p.replayed_time_s;
+  if (!p.stage_slowdown.empty()) j["stage_slowdown"] = p.stage_slowdown;
   for (const auto& st : p.stages) {
     nlohmann::json sj = {{"stage", st.stage},
                          {"ranks", st.ranks},
@@ -606,6 +621,13 @@ std::string plan_summary_text(const Plan& p) {
                        p.replayed_time_s >= 0
                            ? fmt::format(", emulator replay {:.4f} s", p.replayed_time_s)
                            : std::string());
+  }
+  if (!p.stage_slowdown.empty()) {
+    out += "re-planned for stage slowdown (instruction time factors):";
+    for (std::size_t k = 0; k < p.stage_slowdown.size(); ++k) {
+      out += fmt::format(" {}={:.3f}", k, p.stage_slowdown[k]);
+    }
+    out += "\n";
   }
   out += p.power_calibrated
              ? fmt::format("power model: calibrated ({})\n", p.power_source)

@@ -741,19 +741,12 @@ const InstructionOption& option_of(const MethodFrontier& f, const std::vector<in
 
 }  // namespace
 
-namespace {
+DagTopology::DagTopology(const MethodFrontier& f)
+    : stages(stage_instructions(f)), preds(f.dag.nodes.size()), order(f.dag.topological_order()) {
+  for (const auto& [a, b] : f.dag.edges) preds[static_cast<std::size_t>(b)].push_back(a);
+}
 
-// What a schedule needs besides the choice: the same for every choice on one frontier, so
-// re-evaluating many choices computes it once.
-struct DagTopology {
-  std::vector<std::vector<int>> stages;  ///< stage_instructions
-  std::vector<std::vector<int>> preds;
-  std::vector<int> order;  ///< topological
-  explicit DagTopology(const MethodFrontier& f)
-      : stages(stage_instructions(f)), preds(f.dag.nodes.size()), order(f.dag.topological_order()) {
-    for (const auto& [a, b] : f.dag.edges) preds[static_cast<std::size_t>(b)].push_back(a);
-  }
-};
+namespace {
 
 ClockSchedule schedule_on(const MethodFrontier& f, const DagTopology& t,
                           const std::vector<int>& choice, double clock_switch_s) {
@@ -795,6 +788,11 @@ ClockSchedule schedule_on(const MethodFrontier& f, const DagTopology& t,
 ClockSchedule schedule_with_switches(const MethodFrontier& f, const std::vector<int>& choice,
                                      double clock_switch_s) {
   return schedule_on(f, DagTopology(f), choice, clock_switch_s);
+}
+
+ClockSchedule schedule_with_switches(const MethodFrontier& f, const DagTopology& t,
+                                     const std::vector<int>& choice, double clock_switch_s) {
+  return schedule_on(f, t, choice, clock_switch_s);
 }
 
 namespace {

@@ -323,6 +323,38 @@ TEST(PlanFrom, SamePlanAsRecomputingAndClearErrors) {
       test::run_cli("plan --from " + fj + " --deadline 0.001 --out " + tmp.file("f.json"));
   EXPECT_EQ(late.exit_code, 2);
   EXPECT_NE(late.err.find("infeasible"), std::string::npos) << late.err;
+
+  // Re-planning around a straggler: the plan records the slowdown, the emulator's replay with it
+  // gives the plan's own prediction (to the replay's error), and a deadline that can no longer be
+  // met takes the fastest plan with a warning, exit 0.
+  const std::string r = tmp.file("r.json");
+  const auto re = test::run_cli("plan --from " + fj + " --max-throughput --stage-slowdown 1=1.1" +
+                                " --out " + r + " --json");
+  ASSERT_EQ(re.exit_code, 0) << re.err;
+  EXPECT_NE(re.err.find("re-planned for stage slowdown 1=1.100"), std::string::npos) << re.err;
+  const auto rj = nlohmann::json::parse(test::read_file(r));
+  EXPECT_EQ(rj["stage_slowdown"], nlohmann::json::parse("[1.0, 1.1]"));
+  EXPECT_EQ(nlohmann::json::parse(re.out)["stage_slowdown"], rj["stage_slowdown"]);
+  const auto rep =
+      test::run_cli("emulate " + wl + " --plan " + r + " --stage-slowdown 1=1.1 --json");
+  ASSERT_EQ(rep.exit_code, 0) << rep.err;
+  EXPECT_NEAR(nlohmann::json::parse(rep.out)["iteration_time_s"].get<double>(),
+              rj["iteration_time_s"].get<double>(), 0.005 * rj["iteration_time_s"].get<double>());
+  const double fastest = pts[0]["iteration_time_s"].get<double>();
+  const auto miss = test::run_cli(fmt::format(
+      "plan --from {} --deadline {:.17g} --stage-slowdown 0=1.2 --out {}", fj, fastest * 1.01, r));
+  EXPECT_EQ(miss.exit_code, 0) << miss.err;
+  EXPECT_NE(miss.err.find("cannot be met under the slowdown"), std::string::npos) << miss.err;
+  for (const std::string bad :
+       {"--stage-slowdown 2=1.1", "--stage-slowdown 1=0.9", "--stage-slowdown 1"}) {
+    const auto e = test::run_cli("plan --from " + fj + " --max-throughput " + bad + " --out " + r);
+    EXPECT_EQ(e.exit_code, 2) << bad;
+    EXPECT_NE(e.err.find("STAGE=FACTOR"), std::string::npos) << e.err;
+  }
+  const auto no_from =
+      test::run_cli("plan " + wl + " --max-throughput --stage-slowdown 1=1.1 --out " + r + db);
+  EXPECT_EQ(no_from.exit_code, 2);
+  EXPECT_NE(no_from.err.find("needs --from"), std::string::npos) << no_from.err;
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "kareus/error.h"
 #include "kareus/evaluate.h"
 #include "kareus/plan.h"
+#include "kareus/replan.h"
 #include "kareus/table.h"
 
 namespace kareus::cli {
@@ -68,6 +69,7 @@ void register_emulate(CLI::App& app, Action& action) {
   // Owned by the subcommand's callback.
   struct Args {
     std::string file, schedule = "megatron", plan_file;
+    std::vector<std::string> stage_slowdown;
     int freq = 0;
     double switch_ms = -1;
     bool json = false;
@@ -81,6 +83,9 @@ void register_emulate(CLI::App& app, Action& action) {
       ->check(integer_in(1, 100000, "MHz"));
   cmd->add_option("--plan", args->plan_file,
                   "replay a plan (per-instruction clocks and partition settings) instead");
+  cmd->add_option("--stage-slowdown", args->stage_slowdown,
+                  "with --plan: STAGE=FACTOR, that stage's instructions take FACTOR times as "
+                  "long at the same dynamic energy (a straggler; repeat for several stages)");
   cmd->add_option("--clock-switch-ms", args->switch_ms,
                   "stall per SM-clock change between instructions (default: the GPU's catalogue "
                   "value)")
@@ -102,8 +107,14 @@ void register_emulate(CLI::App& app, Action& action) {
         const double switch_s = switch_ms < 0 ? w.gpu().clock_switch_s : switch_ms * 1e-3;
         r = emulate_iteration(
             w, m, p.execution,
-            [&p](int s, InstructionKind k, int mb) { return p.settings(s, k, mb); }, switch_s);
+            [&p](int s, InstructionKind k, int mb) { return p.settings(s, k, mb); }, switch_s,
+            args->stage_slowdown.empty()
+                ? std::vector<double>{}
+                : parse_stage_slowdowns(args->stage_slowdown, w.parallel.pp, "--stage-slowdown"));
       } else {
+        if (!args->stage_slowdown.empty()) {
+          throw InvalidInput("--stage-slowdown: needs --plan PLAN (it slows a plan's stages)");
+        }
         const int f = freq == 0 ? w.gpu().max_freq_mhz : check_freq(w.gpu(), freq, "--freq");
         r = emulate_schedule(w, m, schedule, f);
       }

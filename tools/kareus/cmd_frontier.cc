@@ -19,6 +19,7 @@
 #include "kareus/evaluate.h"
 #include "kareus/frontier_file.h"
 #include "kareus/metrics.h"
+#include "kareus/replan.h"
 #include "kareus/table.h"
 #include "kareus/timeline.h"
 #include "planner_flags.h"
@@ -42,6 +43,7 @@ struct FrontierArgs {
 /// The flags of `kareus plan` and `kareus plan show`.
 struct PlanArgs {
   std::string file, out, method = "kareus", from;
+  std::vector<std::string> stage_slowdown;  ///< STAGE=FACTOR: re-plan around stragglers
   double deadline = 0, budget_j = 0;
   double margin = kDefaultDeadlineMargin;
   bool max_tp = false, min_e = false, json = false;
@@ -114,9 +116,9 @@ std::vector<std::size_t> shown_points(std::size_t n, bool all) {
 
 /// The options `plan --from` takes; the others (planning, profiling) are the frontier file's.
 bool used_with_from(const std::string& name) {
-  for (const char* ok :
-       {"FILE", "--deadline", "--energy-budget", "--max-throughput", "--min-energy", "--out",
-        "--method", "--json", "--quiet", "--from", "--help", "--margin", "--no-fallback"}) {
+  for (const char* ok : {"FILE", "--deadline", "--energy-budget", "--max-throughput",
+                         "--min-energy", "--out", "--method", "--json", "--quiet", "--from",
+                         "--help", "--margin", "--no-fallback", "--stage-slowdown"}) {
     if (name == ok) return true;
   }
   return false;
@@ -193,6 +195,50 @@ Plan choose_plan(const std::map<Method, MethodFrontier>& f, const std::vector<Fr
       num(goal.value), num(a.margin), tried));
 }
 
+/// `plan --from FRONTIER --stage-slowdown S=F`: the frontier re-read with those stages
+/// stretched (replan.h). A deadline keeps --margin in the prediction and the emulator replays
+/// the plan with the slowdown; a deadline the slowed frontier cannot meet takes the fastest plan
+/// and says so on stderr (a re-plan in a running job must still give a plan).
+Plan replan_from_frontier(const FrontierFile& ff, const std::vector<FrontierRef>& refs,
+                          const PlanArgs& a, const Goal& goal) {
+  const Workload& w = ff.workload;
+  const std::vector<double> factor =
+      parse_stage_slowdowns(a.stage_slowdown, w.parallel.pp, "--stage-slowdown");
+  Goal within = goal;
+  if (goal.kind == GoalKind::kDeadline) within.value = goal.value * (1 - a.margin);
+  Replanned r = replan_frontier(ff, refs, factor, within);
+  Plan& p = r.plan;
+  p.goal = goal.describe() + " with stage slowdown " + describe_stage_slowdowns(factor) +
+           (r.result.goal_met ? "" : " (not met: fastest plan)");
+  if (r.result.from.method != Method::kKareus && method_from_string(a.method) == Method::kKareus) {
+    p.label = kareus_plan_label(to_string(r.result.from.method));
+  }
+  const EmulatorModel model(w.gpu());
+  const IterationResult rep = emulate_iteration(
+      w, model, p.execution,
+      [&p](int s, InstructionKind kind, int mb) { return p.settings(s, kind, mb); },
+      p.clock_switch_s, factor);
+  if (goal.kind == GoalKind::kDeadline && r.result.goal_met) {
+    p.deadline_margin = a.margin;
+    p.replayed_time_s = rep.iteration_time_s;
+  }
+  if (!r.result.goal_met) {
+    std::cerr << "warning: " << r.result.note << "\n";
+  } else if (goal.kind == GoalKind::kDeadline && rep.iteration_time_s > goal.value) {
+    std::cerr << fmt::format(
+        "warning: the re-planned plan is predicted at {} s but replays at {} s, over the "
+        "deadline {} s; raise --margin\n",
+        num(p.iteration_time_s), num(rep.iteration_time_s), num(goal.value));
+  }
+  std::cerr << fmt::format(
+      "re-planned for stage slowdown {} in {:.3f} s: from {} point {} ({:.4f} s, {:.1f} J under "
+      "the slowdown) to {:.4f} s, {:.1f} J ({} instructions moved to cheaper options)\n",
+      describe_stage_slowdowns(factor), r.seconds, to_string(r.result.from.method),
+      r.result.from.index, r.result.start_time_s, r.result.start_energy_j, r.result.time_s,
+      r.result.energy_j, r.result.moves);
+  return p;
+}
+
 /// `plan --from FRONTIER`: the frontier's point for the goal, materialized without profiling or
 /// solving. Planning flags are refused: the frontier was computed with its own options.
 Plan plan_from_frontier(const CLI::App& cmd, const PlanArgs& a, Method method, const Goal& goal,
@@ -212,6 +258,7 @@ Plan plan_from_frontier(const CLI::App& cmd, const PlanArgs& a, Method method, c
   w = ff.workload;
   ff.method(method);  // a clear error when the file lacks it
   const auto refs = plan_candidates(ff.methods, method, ff.merged, a.no_fallback);
+  if (!a.stage_slowdown.empty()) return replan_from_frontier(ff, refs, a, goal);
   return choose_plan(
       ff.methods, refs, a, goal, *w, true,
       [&ff](const FrontierRef& r, const std::string& g) { return ff.plan(r.method, r.index, g); });
@@ -393,6 +440,10 @@ void register_plan(CLI::App& app, Action& action) {
                   "solving; FILE, if given, must be the frontier's workload)");
   cmd->add_option("--method", args->method, "planning method (see `kareus frontier --help`)")
       ->capture_default_str();
+  cmd->add_option("--stage-slowdown", args->stage_slowdown,
+                  "with --from: re-plan for stragglers, STAGE=FACTOR (that stage's instructions "
+                  "take FACTOR times as long; repeat for several stages): the goal's cheapest "
+                  "plan under the slowdown, other stages slowed where they wait");
   cmd->add_flag("--no-fallback", args->no_fallback,
                 "with --method kareus: choose among Kareus's own plans only, never a Perseus or "
                 "Nanobatching+Perseus plan that would be better");
@@ -411,6 +462,10 @@ void register_plan(CLI::App& app, Action& action) {
             "plan needs a workload FILE or --from FRONTIER.json (or: kareus plan show PLAN)");
       }
       if (out.empty()) throw InvalidInput("plan needs --out PLAN.json");
+      if (!args->stage_slowdown.empty() && args->from.empty()) {
+        throw InvalidInput(
+            "--stage-slowdown: needs --from FRONTIER.json (a re-plan re-reads a stored frontier)");
+      }
       check_output("--out", out, OutputKind::kFile);
       const Method method = method_from_string(args->method);
       check_planner_flags(flags);
@@ -443,6 +498,7 @@ void register_plan(CLI::App& app, Action& action) {
                             {"power_model", power_model_json(w->gpu())}};
         if (p.deadline_margin >= 0) j["deadline_margin"] = p.deadline_margin;
         if (p.replayed_time_s >= 0) j["replayed_time_s"] = p.replayed_time_s;
+        if (!p.stage_slowdown.empty()) j["stage_slowdown"] = p.stage_slowdown;
         std::cout << j.dump(2) << "\n";
       } else {
         std::cout << fmt::format(
