@@ -53,8 +53,10 @@ struct ReplanResult {
 /// Moves instructions to cheaper (slower) options where the schedule has slack, as long as the
 /// makespan stays within `deadline_s` and the whole job's energy drops: the energy Perseus
 /// (Chung et al., SOSP '24, section 4.3) reclaims from stages that wait for a straggler. Greedy,
-/// one option step per instruction per pass, each step checked on the full schedule with clock
-/// switches. `moves` counts the accepted steps.
+/// one option step per instruction per pass, then each run of one clock on a stage one clock
+/// lower as a whole (one instruction alone would add clock-switch stalls, 15 ms on today's GPUs);
+/// each step checked on the full schedule with clock switches. `moves` counts instructions
+/// moved.
 std::vector<int> reclaim_slack(const MethodFrontier& f, const DagTopology& t,
                                std::vector<int> choice, double deadline_s, int max_passes,
                                int* moves = nullptr);

@@ -119,6 +119,46 @@ int next_cheaper(const DagNode& n, int current) {
   return best;
 }
 
+// For a run of equal clocks on a stage (nodes[b, e) of the stage's instructions): the next lower
+// clock every node of the run has an option at, each node taking its fastest option there.
+// Empty when there is none. A clock change stalls the stage (clock_switch_s, 15 ms on today's
+// GPUs, longer than many instructions), so lowering one instruction at a time rarely pays; the
+// whole run moves without adding a switch.
+std::vector<int> lower_run(const MethodFrontier& f, const std::vector<int>& nodes, std::size_t b,
+                           std::size_t e, int freq_mhz) {
+  int target = 0;
+  const auto& first = f.node_options(static_cast<std::size_t>(nodes[b]));
+  for (const auto& o : first) {
+    if (o.freq_mhz < freq_mhz && o.freq_mhz > target) target = o.freq_mhz;
+  }
+  std::vector<int> picks;
+  while (target > 0) {
+    picks.clear();
+    for (std::size_t k = b; k < e; ++k) {
+      const auto v = static_cast<std::size_t>(nodes[k]);
+      const auto& opts = f.node_options(v);
+      int best = -1;
+      for (std::size_t j = 0; j < opts.size(); ++j) {
+        if (opts[j].freq_mhz != target) continue;
+        if (best < 0 || f.dag.nodes[v].options[j].time_s <
+                            f.dag.nodes[v].options[static_cast<std::size_t>(best)].time_s) {
+          best = static_cast<int>(j);
+        }
+      }
+      if (best < 0) break;
+      picks.push_back(best);
+    }
+    if (picks.size() == e - b) return picks;
+    // Some node lacks this clock: try the next lower one.
+    int next = 0;
+    for (const auto& o : first) {
+      if (o.freq_mhz < target && o.freq_mhz > next) next = o.freq_mhz;
+    }
+    target = next;
+  }
+  return {};
+}
+
 }  // namespace
 
 std::vector<int> reclaim_slack(const MethodFrontier& f, const DagTopology& t,
@@ -156,6 +196,43 @@ std::vector<int> reclaim_slack(const MethodFrontier& f, const DagTopology& t,
         changed = true;
       } else {
         choice[vi] = cur;
+      }
+    }
+    // Whole runs of one clock, one clock step lower each.
+    for (const auto& nodes : t.stages) {
+      std::size_t b = 0;
+      while (b < nodes.size()) {
+        const int freq = f.node_options(static_cast<std::size_t>(
+            nodes[b]))[static_cast<std::size_t>(choice[static_cast<std::size_t>(nodes[b])])]
+                             .freq_mhz;
+        std::size_t e = b + 1;
+        while (e < nodes.size() &&
+               f.node_options(static_cast<std::size_t>(
+                   nodes[e]))[static_cast<std::size_t>(choice[static_cast<std::size_t>(nodes[e])])]
+                       .freq_mhz == freq) {
+          ++e;
+        }
+        // The whole run, else its interior: a stage's first and last instructions are often on
+        // the critical path (the pipeline's fill and drain) while the middle waits.
+        for (const auto& [lo, hi] : {std::pair{b, e}, std::pair{b + 1, e - 1}}) {
+          if (lo >= hi || (lo != b && e - b < 3)) continue;
+          const std::vector<int> picks = lower_run(f, nodes, lo, hi, freq);
+          if (picks.empty()) continue;
+          std::vector<int> trial_choice = choice;
+          for (std::size_t k = lo; k < hi; ++k) {
+            trial_choice[static_cast<std::size_t>(nodes[k])] = picks[k - lo];
+          }
+          ClockSchedule trial = schedule_with_switches(f, t, trial_choice, f.clock_switch_s);
+          if (trial.makespan_s <= bound_s && trial.energy_j < sch.energy_j) {
+            choice = std::move(trial_choice);
+            sch = std::move(trial);
+            ls = latest_starts(f, t, succs, sch, deadline_s);
+            accepted += static_cast<int>(hi - lo);
+            changed = true;
+            break;
+          }
+        }
+        b = e;
       }
     }
     if (!changed) break;

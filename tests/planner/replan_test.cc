@@ -88,9 +88,8 @@ TEST(Replan, ReclaimTakesTheStragglersSlackByHand) {
 }
 
 TEST(Replan, ReclaimPaysForTheClockSwitchItAdds) {
-  // One stage, two instructions in a row; the second may drop its clock (1 s -> 1.5 s, 3 J
-  // saved) but then stalls 0.6 s for the switch: 2.1 + 1 = 3.1 s > deadline 3 s is refused,
-  // with a 0.4 s stall (2.9 s) it is taken.
+  // One stage, two instructions in a row at 1410 MHz (1 s, 10 J each); at 1000 MHz each takes
+  // 1.5 s for 7 J. Lowering one of them alone adds a clock-switch stall before the second.
   MethodFrontier f;
   f.tables = {{opt(1410, 1.0, 10.0), opt(1000, 1.5, 7.0)}};
   f.node_table = {0, 0};
@@ -105,13 +104,17 @@ TEST(Replan, ReclaimPaysForTheClockSwitchItAdds) {
   f.dag.static_power_w = 0;
   f.dag.gpus = 1;
   const std::vector<int> start = {0, 0};
+  // Stall 0.6 s: one alone takes 1.5 + 0.6 + 1 = 3.1 s; the run lowered as a whole has no switch
+  // (1.5 + 1.5 = 3.0 s): taken within 3.0 s, refused within 2.9 s.
   f.clock_switch_s = 0.6;
-  // Node 0 first: 1.5 + 0.6 + 1 = 3.1 s (refused); node 1 likewise 1 + 0.6 + 1.5 = 3.1 s.
-  EXPECT_EQ(reclaim_slack(f, DagTopology(f), start, 3.0, 64), start);
-  f.clock_switch_s = 0.4;
-  // Node 0 drops (1.5 + 0.4 + 1 = 2.9 s); then node 1 joins its clock (1.5 + 1.5 = 3.0 s, and
-  // the switch is gone).
   EXPECT_EQ(reclaim_slack(f, DagTopology(f), start, 3.0, 64), (std::vector<int>{1, 1}));
+  EXPECT_EQ(reclaim_slack(f, DagTopology(f), start, 2.9, 64), start);
+  // Stall 0.4 s within 2.95 s: the first alone fits (1.5 + 0.4 + 1 = 2.9 s), the second then does
+  // not (3.0 s, its stall gone).
+  f.clock_switch_s = 0.4;
+  int moves = 0;
+  EXPECT_EQ(reclaim_slack(f, DagTopology(f), start, 2.95, 64, &moves), (std::vector<int>{1, 0}));
+  EXPECT_EQ(moves, 1);
 }
 
 struct Calibration {
