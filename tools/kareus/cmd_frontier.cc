@@ -200,7 +200,7 @@ Plan choose_plan(const std::map<Method, MethodFrontier>& f, const std::vector<Fr
 /// the plan with the slowdown; a deadline the slowed frontier cannot meet takes the fastest plan
 /// and says so on stderr (a re-plan in a running job must still give a plan).
 Plan replan_from_frontier(const FrontierFile& ff, const std::vector<FrontierRef>& refs,
-                          const PlanArgs& a, const Goal& goal) {
+                          const PlanArgs& a, const Goal& goal, nlohmann::json& info) {
   const Workload& w = ff.workload;
   const std::vector<double> factor =
       parse_stage_slowdowns(a.stage_slowdown, w.parallel.pp, "--stage-slowdown");
@@ -230,6 +230,16 @@ Plan replan_from_frontier(const FrontierFile& ff, const std::vector<FrontierRef>
         "deadline {} s; raise --margin\n",
         num(p.iteration_time_s), num(rep.iteration_time_s), num(goal.value));
   }
+  info = {{"seconds", r.seconds},
+          {"goal_met", r.result.goal_met},
+          {"from_method", to_string(r.result.from.method)},
+          {"from_point", r.result.from.index},
+          {"start_time_s", r.result.start_time_s},
+          {"start_energy_j", r.result.start_energy_j},
+          {"moves", r.result.moves},
+          {"replayed_time_s", rep.iteration_time_s},
+          {"replayed_energy_j", rep.energy_j}};
+  if (!r.result.goal_met) info["note"] = r.result.note;
   std::cerr << fmt::format(
       "re-planned for stage slowdown {} in {:.3f} s: from {} point {} ({:.4f} s, {:.1f} J under "
       "the slowdown) to {:.4f} s, {:.1f} J ({} instructions moved to cheaper options)\n",
@@ -242,7 +252,7 @@ Plan replan_from_frontier(const FrontierFile& ff, const std::vector<FrontierRef>
 /// `plan --from FRONTIER`: the frontier's point for the goal, materialized without profiling or
 /// solving. Planning flags are refused: the frontier was computed with its own options.
 Plan plan_from_frontier(const CLI::App& cmd, const PlanArgs& a, Method method, const Goal& goal,
-                        std::optional<Workload>& w) {
+                        std::optional<Workload>& w, nlohmann::json& replan_info) {
   for (const CLI::Option* opt : cmd.get_options()) {
     if (opt->count() > 0 && !used_with_from(opt->get_name())) {
       throw InvalidInput(fmt::format(
@@ -258,7 +268,7 @@ Plan plan_from_frontier(const CLI::App& cmd, const PlanArgs& a, Method method, c
   w = ff.workload;
   ff.method(method);  // a clear error when the file lacks it
   const auto refs = plan_candidates(ff.methods, method, ff.merged, a.no_fallback);
-  if (!a.stage_slowdown.empty()) return replan_from_frontier(ff, refs, a, goal);
+  if (!a.stage_slowdown.empty()) return replan_from_frontier(ff, refs, a, goal, replan_info);
   return choose_plan(
       ff.methods, refs, a, goal, *w, true,
       [&ff](const FrontierRef& r, const std::string& g) { return ff.plan(r.method, r.index, g); });
@@ -483,8 +493,10 @@ void register_plan(CLI::App& app, Action& action) {
             "plan needs a goal: --deadline S, --energy-budget J, --max-throughput or --min-energy");
       }
       std::optional<Workload> w;
-      const Plan p = args->from.empty() ? plan_from_scratch(*args, method, goal, w)
-                                        : plan_from_frontier(*cmd, *args, method, goal, w);
+      nlohmann::json replan_info;
+      const Plan p = args->from.empty()
+                         ? plan_from_scratch(*args, method, goal, w)
+                         : plan_from_frontier(*cmd, *args, method, goal, w, replan_info);
       save_plan(p, out);
       if (args->json) {
         nlohmann::json j = {{"plan", out},
@@ -499,6 +511,7 @@ void register_plan(CLI::App& app, Action& action) {
         if (p.deadline_margin >= 0) j["deadline_margin"] = p.deadline_margin;
         if (p.replayed_time_s >= 0) j["replayed_time_s"] = p.replayed_time_s;
         if (!p.stage_slowdown.empty()) j["stage_slowdown"] = p.stage_slowdown;
+        if (!replan_info.is_null()) j["replan"] = replan_info;
         std::cout << j.dump(2) << "\n";
       } else {
         std::cout << fmt::format(
