@@ -243,6 +243,15 @@ TEST(Formats, DocumentedKeysAreExactlyTheEmittedOnes) {
   add_evaluation("optimize --json",
                  run_json("optimize " + qwen + " --json --out " + tmp.file("opt") + fast));
   add_evaluation("frontier.json", read_json(tmp.file("opt/frontier.json")));
+  // A re-plan around a straggler: the plan records the slowdown; a deadline the slowed frontier
+  // cannot meet adds the re-plan's note.
+  const std::string fj = tmp.file("opt/frontier.json");
+  c.add("plan --json", run_json("plan --from " + fj + " --max-throughput --stage-slowdown 1=1.1" +
+                                " --json --out " + tmp.file("re.json")));
+  c.add("plan", read_json(tmp.file("re.json")));
+  c.add("plan show --json", run_json("plan show " + tmp.file("re.json") + " --json"));
+  c.add("plan --json", run_json("plan --from " + fj + " --deadline 0.5 --stage-slowdown 1=1.5" +
+                                " --json --out " + tmp.file("re2.json")));
   c.verify();
 }
 
