@@ -1,6 +1,6 @@
 // Plans: replay through the emulator reproduces the prediction (composition error), the
-// Perseus-style frontier of the calibration workload meets the calibration data, and bad plans
-// or goals are clear errors.
+// Perseus-style frontier of the calibration workload meets the calibration data, power caps pick
+// the fastest point within the cap, and bad plans or goals are clear errors.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -278,6 +278,71 @@ TEST(Plan, GoalSelection) {
                 [](const FrontierPoint& p) { return p.energy_j; }),
             1u);
   EXPECT_FALSE(select_point(std::vector<FrontierPoint>{}, {GoalKind::kMaxThroughput, 0}));
+}
+
+// A power cap takes the fastest point whose average power per GPU, energy / (time x GPUs), is
+// within the cap, the less energy of two equally fast ones; a job cap in kW is the same bound
+// shared by the GPUs.
+TEST(Plan, PowerCapGoalSelection) {
+  // Two GPUs: 400, 300, 290, 250 and 200 W per GPU.
+  const std::vector<FrontierPoint> f = {{1.0, 800, 0, {}},
+                                        {1.5, 900, 0, {}},
+                                        {1.5, 870, 0, {}},
+                                        {2.0, 1000, 0, {}},
+                                        {3.0, 1200, 0, {}}};
+  auto cap = [](double w) { return Goal{GoalKind::kPowerCap, w, 2}; };
+  EXPECT_DOUBLE_EQ(average_power_per_gpu_w(f[2].energy_j, f[2].time_s, 2), 290.0);
+  EXPECT_EQ(*select_point(f, cap(400)), 0u);
+  EXPECT_EQ(*select_point(f, cap(399.9)), 2u);  // 1.5 s: the one of 870 J
+  EXPECT_EQ(*select_point(f, cap(290)), 2u);    // a cap is inclusive
+  EXPECT_EQ(*select_point(f, cap(289.9)), 3u);
+  EXPECT_EQ(*select_point(f, cap(200)), 4u);
+  EXPECT_FALSE(select_point(f, cap(199.9)).has_value());
+  EXPECT_TRUE(ranked_points(f, cap(199.9)).empty());
+  // Every point within the cap, fastest first (ties: less energy).
+  EXPECT_EQ(ranked_points(f, cap(350)), (std::vector<std::size_t>{2, 1, 3, 4}));
+  // 0.58 kW over two GPUs is 290 W per GPU.
+  const Goal job{GoalKind::kJobPowerCap, 0.58, 2};
+  EXPECT_DOUBLE_EQ(job.power_limit_per_gpu_w(), 290.0);
+  EXPECT_EQ(*select_point(f, job), 2u);
+  EXPECT_EQ(*select_point(f, Goal{GoalKind::kJobPowerCap, 0.5798, 2}), 3u);
+  EXPECT_EQ(ranked_points(f, job), ranked_points(f, cap(290)));
+  EXPECT_EQ(cap(350).describe(), "power cap 350.0 W/GPU");
+  EXPECT_EQ((Goal{GoalKind::kJobPowerCap, 12.5, 16}).describe(), "job power cap 12.5 kW");
+  EXPECT_EQ((Goal{GoalKind::kJobPowerCap, 4.16, 16}).describe(), "job power cap 4.16 kW");
+  EXPECT_DOUBLE_EQ((Goal{GoalKind::kJobPowerCap, 12.5, 16}).power_limit_per_gpu_w(), 781.25);
+  // A cap needs the job's GPUs.
+  EXPECT_THROW(select_point(f, Goal{GoalKind::kPowerCap, 350}), InternalError);
+  // The other goals rank as they select.
+  EXPECT_EQ(ranked_points(f, {GoalKind::kDeadline, 2.0}), (std::vector<std::size_t>{0, 2, 1, 3}));
+  EXPECT_EQ(ranked_points(f, {GoalKind::kMaxThroughput, 0}), (std::vector<std::size_t>{0}));
+}
+
+// Peak instruction power by hand: each instruction option's dynamic energy per GPU over its
+// time plus the static power per GPU, the highest over the instructions a choice runs; messages
+// (no option table) do not count however much they draw.
+TEST(Plan, PeakInstructionPowerByHand) {
+  MethodFrontier f;
+  f.dag.static_power_w = 50;
+  f.dag.gpus = 4;
+  auto opt = [](double t, double e) {
+    InstructionOption o;
+    o.time_s = t;
+    o.dynamic_energy_j = e;
+    return o;
+  };
+  // Table 0: 20 J / 0.1 s + 50 W = 250 W, 30 J / 0.2 s + 50 W = 200 W; table 1: 90 / 0.3 + 50 = 350
+  // W, 45 / 0.5 + 50 = 140 W.
+  f.tables = {{opt(0.1, 20), opt(0.2, 30)}, {opt(0.3, 90), opt(0.5, 45)}};
+  f.node_table = {0, -1, 1, 0};
+  f.dag.nodes.resize(4);
+  f.dag.nodes[1].options = {{0.001, 1000}};  // a message: 1e6 J/s over the stage, ignored
+  EXPECT_DOUBLE_EQ(instruction_power_w(f.tables[0][0], 50), 250.0);
+  EXPECT_DOUBLE_EQ(instruction_power_w(opt(0, 0), 50), 50.0);  // no time: static power only
+  EXPECT_DOUBLE_EQ(peak_instruction_power_w(f, {1, 0, 0, 1}), 350.0);
+  EXPECT_DOUBLE_EQ(peak_instruction_power_w(f, {0, 0, 1, 1}), 250.0);
+  EXPECT_DOUBLE_EQ(peak_instruction_power_w(f, {1, 0, 1, 1}), 200.0);
+  EXPECT_THROW(peak_instruction_power_w(f, {0, 0}), InternalError);
 }
 
 // Per-layer configurations: never worse than one configuration per partition at any deadline,
