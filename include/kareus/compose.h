@@ -43,6 +43,12 @@ struct InstructionOption {
   bool sequential = false;
 };
 
+/// The power one GPU draws on average while it runs option `o` (W): its dynamic energy over its
+/// time plus the static power per GPU (IterationDag::static_power_w, Profiler's static power),
+/// since a card's draw, which a rack's breaker sees, includes both. An option that takes no
+/// time draws the static power. The one definition behind every peak_instruction_power_w.
+double instruction_power_w(const InstructionOption& o, double static_power_w);
+
 struct ComposeOptions {
   std::vector<int> freqs_mhz;  ///< clocks to compose at (an instruction runs at one clock)
   /// Beyond the paper: let every instance (layer) of a partition pick its own configuration.

@@ -9,7 +9,9 @@
 // small on deep pipelines with many micro-batches: a table holds only the options some point
 // uses (the planner's tables run to thousands of options per instruction, of which the points
 // use a few dozen), and a stage's choices are run-length encoded ([option, count] pairs: a
-// steady 1F1B phase repeats one option). The file also holds what materializing needs and what
+// steady 1F1B phase repeats one option). Each point also states its average power per GPU and
+// its peak instruction power (planner.h), derived values that reading checks against the
+// point's energy, time and options. The file also holds what materializing needs and what
 // detects a stale file:
 //  - the workload file's text and the name it was read under, and its digest;
 //  - the planning options it was computed with;
@@ -30,7 +32,7 @@
 namespace kareus {
 
 inline constexpr const char* kFrontierFormat = "kareus-frontier";
-inline constexpr int kFrontierVersion = 4;
+inline constexpr int kFrontierVersion = 5;
 
 /// A point of one method's frontier.
 struct FrontierRef {

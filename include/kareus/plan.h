@@ -149,14 +149,23 @@ struct Plan {
   double clock_switch_s = 0;    ///< stall per clock change assumed by the prediction
   double min_clock_hold_s = 0;  ///< planning option the clock sequence was built with
   /// For a deadline goal: the relative margin the prediction had to keep below the deadline
-  /// (`kareus plan --margin`), and the iteration time the emulator replayed; negative: no
-  /// deadline goal (neither is written).
+  /// (`kareus plan --margin`), and the iteration time the emulator replayed (also for a power
+  /// cap); negative: not recorded (not written).
   double deadline_margin = -1;
   double replayed_time_s = -1;
   /// Re-planned around stragglers (kareus plan --stage-slowdown, include/kareus/replan.h): per
   /// stage, the factor by which its instructions' times were stretched in the prediction; empty:
   /// none (the field is not written).
   std::vector<double> stage_slowdown;
+  /// Predicted average power per GPU over the iteration (energy_j / (iteration_time_s x gpus))
+  /// and the peak instruction power (the highest dynamic energy / time + static power of any
+  /// instruction, per GPU; peak_instruction_power_w in planner.h), in W. Optional in the file
+  /// (plans from before them lack them); negative: not recorded.
+  double avg_power_per_gpu_w = -1;
+  double peak_instruction_power_w = -1;
+  /// For a power-cap goal with the emulator backend: the average power per GPU the emulator
+  /// replayed (W), at most the cap (replayed_time_s then holds the replayed time); negative: none.
+  double replayed_avg_power_per_gpu_w = -1;
   /// The GPU's power model (GpuSpec::power_calibrated, power_source) the energies come from.
   bool power_calibrated = false;
   std::string power_source;
@@ -192,6 +201,9 @@ void save_plan(const Plan& p, const std::string& path);
 /// compressed clock sequence, the number of clock changes, the SM/slot choices per partition,
 /// predicted time and energy.
 std::string plan_summary_text(const Plan& p);
+/// The plan's power figures, one line ("power per GPU: average ..., peak instruction ...";
+/// with a power cap's replay), or "" when the plan records none.
+std::string plan_power_text(const Plan& p);
 nlohmann::json plan_summary_json(const Plan& p);
 
 }  // namespace kareus

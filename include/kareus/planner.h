@@ -35,15 +35,39 @@ const char* to_string(Method m);
 const char* display_name(Method m);
 Method method_from_string(const std::string& name);  ///< throws InvalidInput listing names
 
-/// What a plan is picked for on a frontier (src/planner/goal.cc).
-enum class GoalKind { kDeadline, kEnergyBudget, kMaxThroughput, kMinEnergy };
+/// What a plan is picked for on a frontier (src/planner/goal.cc). A power cap (kPowerCap per
+/// GPU, kJobPowerCap for the whole job) bounds the iteration's average power, whole-job energy /
+/// iteration time, static power included, and takes the fastest point within it (ties: less
+/// energy); instruction peaks are reported, not capped (docs/cli.md, "Power cap").
+enum class GoalKind {
+  kDeadline,
+  kEnergyBudget,
+  kMaxThroughput,
+  kMinEnergy,
+  kPowerCap,
+  kJobPowerCap
+};
 struct Goal {
   GoalKind kind = GoalKind::kMaxThroughput;
-  double value = 0;  ///< seconds (deadline) or joules (energy budget)
+  /// Seconds (deadline), joules (energy budget), watts per GPU (power cap) or kilowatts for the
+  /// whole job (job power cap).
+  double value = 0;
+  int gpus = 0;  ///< power caps: the job's GPUs, which turn the cap into a bound per GPU
   std::string describe() const;
+  /// Power caps: the bound on average_power_per_gpu_w (W); a job cap is shared by its GPUs.
+  double power_limit_per_gpu_w() const;
+  bool power_cap() const { return kind == GoalKind::kPowerCap || kind == GoalKind::kJobPowerCap; }
 };
 
-/// Index of the frontier point that meets the goal, or nullopt if none does.
+/// Average power per GPU over an iteration (W): whole-job energy / (iteration time x GPUs),
+/// static power included; what a power cap bounds.
+double average_power_per_gpu_w(double energy_j, double iteration_time_s, int gpus);
+
+/// The frontier points that meet the goal, best first: by energy for a deadline and for
+/// min-energy, by time for an energy budget and a power cap (ties: less energy, then the
+/// earlier point), the max-throughput point alone (max_throughput_index). Empty if none does.
+std::vector<std::size_t> ranked_points(const std::vector<FrontierPoint>& frontier, const Goal& g);
+/// The best of ranked_points, or nullopt if no point meets the goal.
 std::optional<std::size_t> select_point(const std::vector<FrontierPoint>& frontier, const Goal& g);
 
 struct PlannerOptions {
@@ -153,6 +177,12 @@ struct DagTopology {
 /// schedule_with_switches on a precomputed topology of `f`.
 ClockSchedule schedule_with_switches(const MethodFrontier& f, const DagTopology& t,
                                      const std::vector<int>& choice, double clock_switch_s);
+/// The peak instruction power of `choice` on f (W per GPU): the highest instruction_power_w
+/// (compose.h: dynamic energy / time + static power) of the options its pipeline instructions
+/// run. Messages, once-per-iteration reductions and data-parallel collectives are not
+/// instructions and do not count; neither do clock-switch stalls (static power only). Reported
+/// for breaker planning (frontier.json, plans), never capped.
+double peak_instruction_power_w(const MethodFrontier& f, const std::vector<int>& choice);
 
 /// Per stage, repeatedly removes the shortest run of equal clocks (sum of its instruction
 /// times) shorter than `min_hold_s`: it takes the clock of its faster neighbour, or, when it is

@@ -9,6 +9,10 @@
 
 namespace kareus {
 
+double instruction_power_w(const InstructionOption& o, double static_power_w) {
+  return o.time_s > 0 ? o.dynamic_energy_j / o.time_s + static_power_w : static_power_w;
+}
+
 std::vector<InstructionOption> pareto_filter(std::vector<InstructionOption> options) {
   return pareto_by_time_and_energy(std::move(options));
 }

@@ -95,6 +95,15 @@ class Reader {
   const std::string& source_;
 };
 
+// The optional power figures (docs/formats.md): predicted average and peak instruction power per
+// GPU, and a power-cap goal's replayed average.
+void add_power_fields(const Plan& p, nlohmann::json& j) {
+  if (p.avg_power_per_gpu_w >= 0) j["avg_power_per_gpu_w"] = p.avg_power_per_gpu_w;
+  if (p.peak_instruction_power_w >= 0) j["peak_instruction_power_w"] = p.peak_instruction_power_w;
+  if (p.replayed_avg_power_per_gpu_w >= 0)
+    j["replayed_avg_power_per_gpu_w"] = p.replayed_avg_power_per_gpu_w;
+}
+
 }  // namespace
 
 int RankLayout::rank(const Coords& c) const {
@@ -182,6 +191,7 @@ nlohmann::json Plan::to_json() const {
   if (deadline_margin >= 0) j["deadline_margin"] = deadline_margin;
   if (replayed_time_s >= 0) j["replayed_time_s"] = replayed_time_s;
   if (!stage_slowdown.empty()) j["stage_slowdown"] = stage_slowdown;
+  add_power_fields(*this, j);
   j["execution"] = execution == ExecutionMode::kOverlapped ? "overlapped" : "sequential";
   j["goal"] = goal;
   j["iteration_time_s"] = iteration_time_s;
@@ -467,6 +477,13 @@ Plan Plan::from_json(const nlohmann::json& j, const std::string& source) {
       p.stage_slowdown.push_back(f[k].get<double>());
     }
   }
+  // Written since the power-cap goal; plans from before it lack them.
+  if (j.contains("avg_power_per_gpu_w"))
+    p.avg_power_per_gpu_w = r.positive(j, "avg_power_per_gpu_w", "");
+  if (j.contains("peak_instruction_power_w"))
+    p.peak_instruction_power_w = r.non_negative(j, "peak_instruction_power_w", "");
+  if (j.contains("replayed_avg_power_per_gpu_w"))
+    p.replayed_avg_power_per_gpu_w = r.positive(j, "replayed_avg_power_per_gpu_w", "");
   // The planner writes each stage's end as the maximum of values whose maximum is
   // iteration_time_s, so they agree exactly; the slack only absorbs a rounding edit.
   const double tolerance_s = kTimeTolerance * p.iteration_time_s;
@@ -558,6 +575,23 @@ std::map<std::string, std::map<std::string, int>> partition_choices(const PlanSt
 
 }  // namespace
 
+std::string plan_power_text(const Plan& p) {
+  std::vector<std::string> parts;
+  if (p.avg_power_per_gpu_w >= 0)
+    parts.push_back(fmt::format("average {:.1f} W over the iteration", p.avg_power_per_gpu_w));
+  if (p.peak_instruction_power_w >= 0) {
+    parts.push_back(fmt::format("peak instruction {:.1f} W (reported, not capped)",
+                                p.peak_instruction_power_w));
+  }
+  if (p.replayed_avg_power_per_gpu_w >= 0) {
+    parts.push_back(fmt::format(
+        "emulator replay {:.1f} W average{}", p.replayed_avg_power_per_gpu_w,
+        p.replayed_time_s >= 0 ? fmt::format(" in {:.4f} s", p.replayed_time_s) : std::string()));
+  }
+  if (parts.empty()) return "";
+  return fmt::format("power per GPU: {}\n", fmt::join(parts, ", "));
+}
+
 nlohmann::json plan_summary_json(const Plan& p) {
   nlohmann::json j = {
       {"workload", p.workload},
@@ -580,6 +614,7 @@ nlohmann::json plan_summary_json(const Plan& p) {
   if (p.deadline_margin >= 0) j["deadline_margin"] = p.deadline_margin;
   if (p.replayed_time_s >= 0) j["replayed_time_s"] = p.replayed_time_s;
   if (!p.stage_slowdown.empty()) j["stage_slowdown"] = p.stage_slowdown;
+  add_power_fields(p, j);
   for (const auto& st : p.stages) {
     nlohmann::json sj = {{"stage", st.stage},
                          {"ranks", st.ranks},
@@ -629,6 +664,7 @@ std::string plan_summary_text(const Plan& p) {
     }
     out += "\n";
   }
+  out += plan_power_text(p);
   out += p.power_calibrated
              ? fmt::format("power model: calibrated ({})\n", p.power_source)
              : fmt::format("power model: NOT calibrated for {} ({}): its energies are estimates\n",

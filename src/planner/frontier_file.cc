@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -173,6 +174,23 @@ std::vector<int> choice_from_json(const Fields& r, const MethodFrontier& f, cons
   return choice;
 }
 
+double avg_power(const MethodFrontier& f, const FrontierPoint& p) {
+  return average_power_per_gpu_w(p.energy_j, p.time_s, f.dag.gpus);
+}
+
+// A point's stored power figure must be what its time, energy and options give: they are
+// derived, so a file whose figures disagree was written by a build that computes them otherwise.
+void check_power(const Fields& r, const nlohmann::json& point, const std::string& path,
+                 const std::string& key, double expected) {
+  const auto stored = r.get<double>(point, key, path);
+  if (!(std::abs(stored - expected) <= 1e-9 * std::abs(expected))) {
+    r.fail(path + "." + key,
+           fmt::format("{}: the point's energy, time and options give {}: the frontier is stale; "
+                       "rerun `kareus optimize`",
+                       stored, expected));
+  }
+}
+
 MethodFrontier method_frontier_from_json(const Fields& r, const nlohmann::json& j,
                                          const std::string& path, Method m, const Workload& w,
                                          const PartitionSet& ps) {
@@ -233,6 +251,9 @@ MethodFrontier method_frontier_from_json(const Fields& r, const nlohmann::json& 
     p.energy_j = r.get<double>(points[k], "energy_j", pp);
     p.dynamic_energy_j = r.get<double>(points[k], "dynamic_energy_j", pp);
     p.choice = choice_from_json(r, f, r.at(points[k], "choice", pp), pp + ".choice");
+    check_power(r, points[k], pp, "avg_power_per_gpu_w", avg_power(f, p));
+    check_power(r, points[k], pp, "peak_instruction_power_w",
+                peak_instruction_power_w(f, p.choice));
     f.points.push_back(std::move(p));
   }
   return f;
@@ -291,6 +312,8 @@ nlohmann::json method_frontier_to_json(const MethodFrontier& f) {
     j["points"].push_back({{"iteration_time_s", p.time_s},
                            {"energy_j", p.energy_j},
                            {"dynamic_energy_j", p.dynamic_energy_j},
+                           {"avg_power_per_gpu_w", avg_power(f, p)},
+                           {"peak_instruction_power_w", peak_instruction_power_w(f, p.choice)},
                            {"choice", choice_to_json(f, p.choice, index)}});
   }
   return j;
@@ -321,9 +344,12 @@ nlohmann::json frontiers_to_json(const std::map<Method, MethodFrontier>& f,
   }
   j["points"] = nlohmann::json::array();
   for (const FrontierRef& r : merged) {
-    const FrontierPoint& p = f.at(r.method).points.at(r.index);
+    const MethodFrontier& mf = f.at(r.method);
+    const FrontierPoint& p = mf.points.at(r.index);
     j["points"].push_back({{"iteration_time_s", p.time_s},
                            {"energy_j", p.energy_j},
+                           {"avg_power_per_gpu_w", avg_power(mf, p)},
+                           {"peak_instruction_power_w", peak_instruction_power_w(mf, p.choice)},
                            {"method", to_string(r.method)},
                            {"index", r.index}});
   }

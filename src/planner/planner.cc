@@ -795,6 +795,20 @@ ClockSchedule schedule_with_switches(const MethodFrontier& f, const DagTopology&
   return schedule_on(f, t, choice, clock_switch_s);
 }
 
+double peak_instruction_power_w(const MethodFrontier& f, const std::vector<int>& choice) {
+  if (choice.size() != f.dag.nodes.size()) {
+    throw InternalError("peak_instruction_power_w: choice size mismatch");
+  }
+  double peak = 0;
+  for (std::size_t i = 0; i < choice.size(); ++i) {
+    const auto& opts = f.node_options(i);
+    if (opts.empty()) continue;  // messages, reductions, data-parallel collectives
+    peak = std::max(peak, instruction_power_w(opts.at(static_cast<std::size_t>(choice[i])),
+                                              f.dag.static_power_w));
+  }
+  return peak;
+}
+
 namespace {
 
 // A run of equal clocks on one stage: nodes[begin, end) of the stage's instruction nodes.
@@ -1198,6 +1212,8 @@ Plan materialize_plan(const Workload& w, const PartitionSet& ps, const std::stri
                       const std::string& goal) {
   const ClockSchedule sch = schedule_with_switches(f, choice, f.clock_switch_s);
   Plan p = plan_header(w, digest, f, sch, goal);
+  p.avg_power_per_gpu_w = average_power_per_gpu_w(p.energy_j, p.iteration_time_s, p.gpus);
+  p.peak_instruction_power_w = peak_instruction_power_w(f, choice);
   const InstanceCounts instances = instance_counts(ps, f.execution);
   static const std::map<std::string, int> kNoCounts;
   for (std::size_t i = 0; i < f.dag.nodes.size(); ++i) {

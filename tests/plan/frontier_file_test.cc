@@ -156,6 +156,99 @@ TEST(FrontierFile, EditedStaleOrForeignFilesAreRefused) {
   }
 }
 
+// The peak instruction power of a plan, from its instructions alone: the highest dynamic energy
+// per GPU over time plus the static power per GPU.
+double peak_from_instructions(const Plan& p) {
+  double peak = 0;
+  for (const auto& st : p.stages) {
+    for (const auto& in : st.instructions) {
+      peak = std::max(peak, in.dynamic_energy_j / in.time_s + p.static_power_w);
+    }
+  }
+  return peak;
+}
+
+// Every stored point states its average and peak instruction power, which its plan reproduces
+// from its own figures; the reader requires them and refuses figures its options contradict;
+// a plan without them (older files) still loads.
+TEST(FrontierFile, PowerFiguresPerPointAndPlan) {
+  const Stored& s = stored();
+  const int gpus = s.w.cluster.gpus();
+  for (const auto& [m, f] : s.f) {
+    const auto& pts = s.j["methods"][to_string(m)]["points"];
+    ASSERT_EQ(pts.size(), f.points.size());
+    for (std::size_t i = 0; i < f.points.size(); ++i) {
+      const Plan p = s.planner.make_plan(f, i, "g");
+      const double avg = p.energy_j / (p.iteration_time_s * gpus);
+      EXPECT_NEAR(pts[i]["avg_power_per_gpu_w"].get<double>(), avg, 1e-9 * avg);
+      EXPECT_NEAR(p.avg_power_per_gpu_w, avg, 1e-9 * avg);
+      const double peak = peak_from_instructions(p);
+      EXPECT_NEAR(pts[i]["peak_instruction_power_w"].get<double>(), peak, 1e-9 * peak);
+      EXPECT_NEAR(p.peak_instruction_power_w, peak, 1e-9 * peak);
+      EXPECT_GT(peak, avg);  // the average includes the bubbles and stalls at static power
+    }
+  }
+  // The merged points repeat their method's figures.
+  for (const auto& pt : s.j["points"]) {
+    const auto& own =
+        s.j["methods"][pt["method"].get<std::string>()]["points"][pt["index"].get<std::size_t>()];
+    EXPECT_EQ(pt["avg_power_per_gpu_w"], own["avg_power_per_gpu_w"]);
+    EXPECT_EQ(pt["peak_instruction_power_w"], own["peak_instruction_power_w"]);
+  }
+  // Missing or contradicted figures are refused even with a matching inputs_hash.
+  test::TempDir tmp;
+  auto refused = [&](const std::string& name, const std::function<void(nlohmann::json&)>& edit,
+                     const std::string& why) {
+    nlohmann::json j = s.j;
+    edit(j);
+    add_frontier_identity(j, s.w, test::read_file(test::paper_workload(kQwen)), PlannerOptions{});
+    const std::string path = tmp.write(name, j.dump());
+    try {
+      load_frontier_file(path);
+      ADD_FAILURE() << name << ": accepted";
+    } catch (const InvalidInput& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  refused(
+      "missing.json",
+      [](nlohmann::json& j) { j["methods"]["kareus"]["points"][0].erase("avg_power_per_gpu_w"); },
+      "field 'methods.kareus.points[0].avg_power_per_gpu_w': missing");
+  refused(
+      "contradicted.json",
+      [](nlohmann::json& j) {
+        j["methods"]["kareus"]["points"][1]["peak_instruction_power_w"] = 1;
+      },
+      "field 'methods.kareus.points[1].peak_instruction_power_w': 1: the point's energy, time and "
+      "options give");
+  // Version 4 files lack the figures: refused by their version.
+  nlohmann::json v4 = s.j;
+  v4["version"] = 4;
+  try {
+    load_frontier_file(tmp.write("v4.json", v4.dump()));
+    ADD_FAILURE() << "version 4 accepted";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("4 is not read by this build (it reads version 5)"),
+              std::string::npos)
+        << e.what();
+  }
+  // A plan file without the figures loads, and its summary leaves them out.
+  nlohmann::json pj = s.planner.make_plan(s.f.at(Method::kKareus), 0, "g").to_json();
+  ASSERT_TRUE(pj.contains("avg_power_per_gpu_w") && pj.contains("peak_instruction_power_w"));
+  EXPECT_NE(plan_summary_text(Plan::from_json(pj, "p.json")).find("peak instruction"),
+            std::string::npos);
+  pj.erase("avg_power_per_gpu_w");
+  pj.erase("peak_instruction_power_w");
+  const Plan old = Plan::from_json(pj, "old.json");
+  EXPECT_LT(old.avg_power_per_gpu_w, 0);
+  EXPECT_LT(old.peak_instruction_power_w, 0);
+  EXPECT_FALSE(old.to_json().contains("peak_instruction_power_w"));
+  EXPECT_EQ(plan_summary_text(old).find("peak instruction"), std::string::npos);
+  EXPECT_FALSE(plan_summary_json(old).contains("avg_power_per_gpu_w"));
+  pj["peak_instruction_power_w"] = -5;
+  EXPECT_THROW(Plan::from_json(pj, "bad.json"), InvalidInput);
+}
+
 TEST(FrontierMemory, BudgetIsEnforcedWithTheLimitNamed) {
   const Stored& s = stored();
   const MethodFrontier& f = s.f.at(Method::kKareus);

@@ -1,16 +1,20 @@
 // Plans: replay through the emulator reproduces the prediction (composition error), the
-// Perseus-style frontier of the calibration workload meets the calibration data, and bad plans
-// or goals are clear errors.
+// Perseus-style frontier of the calibration workload meets the calibration data, power caps pick
+// the fastest plan within the cap, and bad plans or goals are clear errors.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <regex>
 
 #include "kareus/calibrate.h"
 #include "kareus/error.h"
 #include "kareus/evaluate.h"
+#include "kareus/frontier_file.h"
 #include "kareus/planner.h"
 #include "test_util.h"
 
@@ -278,6 +282,202 @@ TEST(Plan, GoalSelection) {
                 [](const FrontierPoint& p) { return p.energy_j; }),
             1u);
   EXPECT_FALSE(select_point(std::vector<FrontierPoint>{}, {GoalKind::kMaxThroughput, 0}));
+}
+
+// A power cap takes the fastest point whose average power per GPU, energy / (time x GPUs), is
+// within the cap, the less energy of two equally fast ones; a job cap in kW is the same bound
+// shared by the GPUs.
+TEST(Plan, PowerCapGoalSelection) {
+  // Two GPUs: 400, 300, 290, 250 and 200 W per GPU.
+  const std::vector<FrontierPoint> f = {{1.0, 800, 0, {}},
+                                        {1.5, 900, 0, {}},
+                                        {1.5, 870, 0, {}},
+                                        {2.0, 1000, 0, {}},
+                                        {3.0, 1200, 0, {}}};
+  auto cap = [](double w) { return Goal{GoalKind::kPowerCap, w, 2}; };
+  EXPECT_DOUBLE_EQ(average_power_per_gpu_w(f[2].energy_j, f[2].time_s, 2), 290.0);
+  EXPECT_EQ(*select_point(f, cap(400)), 0u);
+  EXPECT_EQ(*select_point(f, cap(399.9)), 2u);  // 1.5 s: the one of 870 J
+  EXPECT_EQ(*select_point(f, cap(290)), 2u);    // a cap is inclusive
+  EXPECT_EQ(*select_point(f, cap(289.9)), 3u);
+  EXPECT_EQ(*select_point(f, cap(200)), 4u);
+  EXPECT_FALSE(select_point(f, cap(199.9)).has_value());
+  EXPECT_TRUE(ranked_points(f, cap(199.9)).empty());
+  // Every point within the cap, fastest first (ties: less energy).
+  EXPECT_EQ(ranked_points(f, cap(350)), (std::vector<std::size_t>{2, 1, 3, 4}));
+  // 0.58 kW over two GPUs is 290 W per GPU.
+  const Goal job{GoalKind::kJobPowerCap, 0.58, 2};
+  EXPECT_DOUBLE_EQ(job.power_limit_per_gpu_w(), 290.0);
+  EXPECT_EQ(*select_point(f, job), 2u);
+  EXPECT_EQ(*select_point(f, Goal{GoalKind::kJobPowerCap, 0.5798, 2}), 3u);
+  EXPECT_EQ(ranked_points(f, job), ranked_points(f, cap(290)));
+  EXPECT_EQ(cap(350).describe(), "power cap 350.0 W/GPU");
+  EXPECT_EQ((Goal{GoalKind::kJobPowerCap, 12.5, 16}).describe(), "job power cap 12.5 kW");
+  EXPECT_EQ((Goal{GoalKind::kJobPowerCap, 4.16, 16}).describe(), "job power cap 4.16 kW");
+  EXPECT_DOUBLE_EQ((Goal{GoalKind::kJobPowerCap, 12.5, 16}).power_limit_per_gpu_w(), 781.25);
+  // A cap needs the job's GPUs.
+  EXPECT_THROW(select_point(f, Goal{GoalKind::kPowerCap, 350}), InternalError);
+  // The other goals rank as they select.
+  EXPECT_EQ(ranked_points(f, {GoalKind::kDeadline, 2.0}), (std::vector<std::size_t>{0, 2, 1, 3}));
+  EXPECT_EQ(ranked_points(f, {GoalKind::kMaxThroughput, 0}), (std::vector<std::size_t>{0}));
+}
+
+// Peak instruction power by hand: each instruction option's dynamic energy per GPU over its
+// time plus the static power per GPU, the highest over the instructions a choice runs; messages
+// (no option table) do not count however much they draw.
+TEST(Plan, PeakInstructionPowerByHand) {
+  MethodFrontier f;
+  f.dag.static_power_w = 50;
+  f.dag.gpus = 4;
+  auto opt = [](double t, double e) {
+    InstructionOption o;
+    o.time_s = t;
+    o.dynamic_energy_j = e;
+    return o;
+  };
+  // Table 0: 20 J / 0.1 s + 50 W = 250 W, 30 J / 0.2 s + 50 W = 200 W; table 1: 90 / 0.3 + 50 = 350
+  // W, 45 / 0.5 + 50 = 140 W.
+  f.tables = {{opt(0.1, 20), opt(0.2, 30)}, {opt(0.3, 90), opt(0.5, 45)}};
+  f.node_table = {0, -1, 1, 0};
+  f.dag.nodes.resize(4);
+  f.dag.nodes[1].options = {{0.001, 1000}};  // a message: 1e6 J/s over the stage, ignored
+  EXPECT_DOUBLE_EQ(instruction_power_w(f.tables[0][0], 50), 250.0);
+  EXPECT_DOUBLE_EQ(instruction_power_w(opt(0, 0), 50), 50.0);  // no time: static power only
+  EXPECT_DOUBLE_EQ(peak_instruction_power_w(f, {1, 0, 0, 1}), 350.0);
+  EXPECT_DOUBLE_EQ(peak_instruction_power_w(f, {0, 0, 1, 1}), 250.0);
+  EXPECT_DOUBLE_EQ(peak_instruction_power_w(f, {1, 0, 1, 1}), 200.0);
+  EXPECT_THROW(peak_instruction_power_w(f, {0, 0}), InternalError);
+}
+
+// `plan --power-cap-w` on the calibration workload, checked against frontier.json read here: the
+// plan's replay is within the cap, and every faster candidate is either above the cap by
+// prediction or replays above it; a job cap is the same bound; an infeasible cap names the
+// frontier's lowest average power and writes nothing; `plan FILE` and `plan --from` agree.
+TEST(Plan, PowerCapOnTheCalibrationWorkload) {
+  test::TempDir tmp;
+  const std::string wl = test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096");
+  const std::string db = " --quiet --db " + tmp.file("p.db");
+  const auto opt = test::run_cli("optimize " + wl + " --out " + tmp.file("out") + db);
+  ASSERT_EQ(opt.exit_code, 0) << opt.err;
+  const std::string fj = tmp.file("out") + "/frontier.json";
+  const auto j = nlohmann::json::parse(test::read_file(fj));
+  const Workload w = load_workload(wl);
+  const int gpus = w.cluster.gpus();
+  struct Point {
+    double time_s, avg_w;
+    std::string method;
+    std::size_t index;
+  };
+  std::vector<Point> pts;
+  double pmin = 1e300, pmax = 0;
+  for (const auto& p : j.at("points")) {
+    const double t = p.at("iteration_time_s").get<double>();
+    const double avg = p.at("energy_j").get<double>() / (t * gpus);
+    EXPECT_NEAR(p.at("avg_power_per_gpu_w").get<double>(), avg, 1e-9 * avg);
+    pts.push_back({t, avg, p.at("method").get<std::string>(), p.at("index").get<std::size_t>()});
+    pmin = std::min(pmin, avg);
+    pmax = std::max(pmax, avg);
+  }
+  ASSERT_GT(pts.size(), 2u);
+  ASSERT_LT(pmin, pmax);
+  const double cap = pmin + 0.4 * (pmax - pmin);
+  const std::string cap_arg = fmt::format("{:.17g}", cap);
+  const auto r = test::run_cli("plan --from " + fj + " --power-cap-w " + cap_arg +
+                               " --quiet --json --out " + tmp.file("a.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto rj = nlohmann::json::parse(r.out);
+  const double time_s = rj.at("iteration_time_s").get<double>();
+  const double replayed_w = rj.at("replayed_avg_power_per_gpu_w").get<double>();
+  EXPECT_LE(rj.at("avg_power_per_gpu_w").get<double>(), cap);
+  EXPECT_LE(replayed_w, cap);
+  EXPECT_EQ(rj.at("goal").get<std::string>(), fmt::format("power cap {:.1f} W/GPU", cap));
+  // An independent replay through the CLI: the same average power, within the cap.
+  const auto e = test::run_cli("emulate " + wl + " --plan " + tmp.file("a.json") + " --json");
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  const auto ej = nlohmann::json::parse(e.out);
+  const double emulated_w =
+      ej.at("energy_j").get<double>() / (ej.at("iteration_time_s").get<double>() * gpus);
+  EXPECT_LE(emulated_w, cap);
+  EXPECT_NEAR(emulated_w, replayed_w, 1e-9 * replayed_w);
+  // No faster point is within the cap, unless its replay is not (then the planner went on).
+  const FrontierFile ff = load_frontier_file(fj);
+  const EmulatorModel model(w.gpu());
+  auto replayed_avg_w = [&](const Point& p) {
+    const Plan faster = ff.plan(method_from_string(p.method), p.index, "x");
+    const IterationResult rep = emulate_iteration(
+        w, model, faster.execution,
+        [&](int s, InstructionKind k, int mb) { return faster.settings(s, k, mb); },
+        faster.clock_switch_s);
+    return rep.energy_j / (rep.iteration_time_s * gpus);
+  };
+  const Point* next_faster = nullptr;
+  for (const Point& p : pts) {
+    if (p.time_s >= time_s) continue;
+    if (!next_faster || p.time_s > next_faster->time_s) next_faster = &p;
+    if (p.avg_w > cap) continue;
+    EXPECT_GT(replayed_avg_w(p), cap)
+        << "a faster point (" << p.time_s << " s, " << p.avg_w << " W) replays within the cap";
+  }
+  ASSERT_NE(next_faster, nullptr) << "the cap picked the fastest point: the case is not tested";
+  std::cout << fmt::format(
+      "power cap {:.1f} W/GPU: plan {:.4f} s, predicted {:.1f} W/GPU, replayed {:.1f} W/GPU; "
+      "next faster point {:.4f} s, predicted {:.1f} W/GPU, replayed {:.1f} W/GPU; frontier "
+      "{:.1f}..{:.1f} W/GPU\n",
+      cap, time_s, rj.at("avg_power_per_gpu_w").get<double>(), replayed_w, next_faster->time_s,
+      next_faster->avg_w, replayed_avg_w(*next_faster), pmin, pmax);
+  // The plan file and `plan show` state both power figures.
+  const Plan a = load_plan(tmp.file("a.json"));
+  EXPECT_DOUBLE_EQ(a.replayed_avg_power_per_gpu_w, replayed_w);
+  EXPECT_DOUBLE_EQ(a.peak_instruction_power_w, rj.at("peak_instruction_power_w").get<double>());
+  const auto show = test::run_cli("plan show " + tmp.file("a.json"));
+  ASSERT_EQ(show.exit_code, 0) << show.err;
+  EXPECT_NE(show.out.find(fmt::format("power per GPU: average {:.1f} W over the iteration, peak "
+                                      "instruction {:.1f} W",
+                                      a.avg_power_per_gpu_w, a.peak_instruction_power_w)),
+            std::string::npos)
+      << show.out;
+  // The same goal planned from the workload (profiles from the store): the same plan.
+  const auto fresh = test::run_cli("plan " + wl + " --power-cap-w " + cap_arg + " --out " +
+                                   tmp.file("b.json") + db);
+  ASSERT_EQ(fresh.exit_code, 0) << fresh.err;
+  EXPECT_EQ(test::read_file(tmp.file("a.json")), test::read_file(tmp.file("b.json")));
+  // The job's cap at cap x GPUs / 1000 kW: the same plan but for the goal's name.
+  const auto job = test::run_cli("plan --from " + fj + " --job-power-cap-kw " +
+                                 fmt::format("{:.17g}", cap * gpus / 1000) + " --quiet --out " +
+                                 tmp.file("c.json"));
+  ASSERT_EQ(job.exit_code, 0) << job.err;
+  auto without_goal = [](const std::string& path) {
+    auto pj = nlohmann::json::parse(test::read_file(path));
+    pj.erase("goal");
+    return pj;
+  };
+  EXPECT_EQ(without_goal(tmp.file("a.json")), without_goal(tmp.file("c.json")));
+  EXPECT_NE(job.out.find("job power cap"), std::string::npos) << job.out;
+  // Below the lowest average power: exit 2 naming it, and no plan written.
+  const auto low =
+      test::run_cli("plan --from " + fj + " --power-cap-w " + fmt::format("{:.6g}", 0.9 * pmin) +
+                    " --out " + tmp.file("x.json"));
+  EXPECT_EQ(low.exit_code, 2);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      low.err, m,
+      std::regex("--power-cap-w [0-9.]+: infeasible: the lowest average power of any plan is "
+                 "([0-9.]+) W per GPU")))
+      << low.err;
+  EXPECT_NEAR(std::stod(m[1]), pmin, 1e-5 * pmin) << low.err;
+  std::cout << "infeasible: " << low.err;
+  const auto low_job = test::run_cli("plan --from " + fj + " --job-power-cap-kw " +
+                                     fmt::format("{:.6g}", 0.9 * pmin * gpus / 1000) + " --out " +
+                                     tmp.file("x.json"));
+  EXPECT_EQ(low_job.exit_code, 2);
+  ASSERT_TRUE(std::regex_search(
+      low_job.err, m,
+      std::regex("--job-power-cap-kw [0-9.]+: infeasible: the lowest average power of any plan "
+                 "is ([0-9.]+) kW for the job \\(([0-9.]+) W per GPU x 16 GPUs\\)")))
+      << low_job.err;
+  EXPECT_NEAR(std::stod(m[1]), pmin * gpus / 1000, 1e-5 * pmin * gpus / 1000) << low_job.err;
+  EXPECT_NEAR(std::stod(m[2]), pmin, 1e-5 * pmin) << low_job.err;
+  EXPECT_FALSE(std::filesystem::exists(tmp.file("x.json")));
 }
 
 // Per-layer configurations: never worse than one configuration per partition at any deadline,

@@ -1,7 +1,7 @@
 // `kareus frontier FILE [--json | --all]`: the iteration time-energy frontier, summarised in 10
 //  rows, every point, or every point with its plan.
-// `kareus plan FILE (--deadline S | --energy-budget J | --max-throughput | --min-energy)
-//  --out PLAN.json`: the plan that meets a goal.
+// `kareus plan FILE (--deadline S | --energy-budget J | --max-throughput | --min-energy |
+//  --power-cap-w W | --job-power-cap-kw KW) --out PLAN.json`: the plan that meets a goal.
 // `kareus plan show PLAN [--workload FILE] [--json] [--png FILE]`: a plan's summary and metrics
 //  (validated against the workload when one is given), optionally its timeline picture.
 #include <fmt/format.h>
@@ -45,6 +45,7 @@ struct PlanArgs {
   std::string file, out, method = "kareus", from;
   std::vector<std::string> stage_slowdown;  ///< STAGE=FACTOR: re-plan around stragglers
   double deadline = 0, budget_j = 0;
+  double power_cap_w = 0, job_power_cap_kw = 0;
   double margin = kDefaultDeadlineMargin;
   bool max_tp = false, min_e = false, json = false;
   bool no_fallback = false;  ///< Kareus's own frontier only, never a baseline's plan
@@ -60,7 +61,7 @@ struct PlanShowArgs {
 nlohmann::json plan_show_metrics(const Plan& p, const Workload* w) {
   if (w != nullptr)
     return to_json(throughput_metrics(job_shape(*w), p.iteration_time_s, p.energy_j));
-  return {{"avg_power_per_gpu_w", p.energy_j / (p.iteration_time_s * p.gpus)}};
+  return {{"avg_power_per_gpu_w", average_power_per_gpu_w(p.energy_j, p.iteration_time_s, p.gpus)}};
 }
 std::string plan_show_metrics_text(const Plan& p, const Workload* w) {
   if (w != nullptr) {
@@ -69,13 +70,16 @@ std::string plan_show_metrics_text(const Plan& p, const Workload* w) {
   }
   return fmt::format(
       "metrics: {:.0f} W/GPU average; tokens/s, MFU and energy per token need --workload FILE\n",
-      p.energy_j / (p.iteration_time_s * p.gpus));
+      average_power_per_gpu_w(p.energy_j, p.iteration_time_s, p.gpus));
 }
 
-/// Bounds of the plan goals: a finite deadline up to about 11.6 days per iteration and an
-/// energy budget up to a petajoule per iteration; anything larger is a typo, not a goal.
+/// Bounds of the plan goals: a finite deadline up to about 11.6 days per iteration, an energy
+/// budget up to a petajoule per iteration, a power cap up to 100 kW per GPU and 10 GW per job;
+/// anything larger is a typo, not a goal.
 constexpr double kMaxDeadlineS = 1e6;
 constexpr double kMaxEnergyBudgetJ = 1e15;
+constexpr double kMaxPowerCapW = 1e5;
+constexpr double kMaxJobPowerCapKw = 1e7;
 
 /// Rows `frontier` prints without --all.
 constexpr std::size_t kSummaryRows = 10;
@@ -94,9 +98,55 @@ std::vector<std::size_t> shown_points(std::size_t n, bool all) {
   return idx;
 }
 
+/// The option a power-cap goal came from, for messages.
+const char* power_cap_flag(const Goal& goal) {
+  return goal.kind == GoalKind::kPowerCap ? "--power-cap-w" : "--job-power-cap-kw";
+}
+
+/// The plan command's line for a power cap: the cap per GPU, the prediction and the replay.
+std::string power_cap_text(Goal goal, const Plan& p, int gpus) {
+  goal.gpus = gpus;
+  const double limit_w = goal.power_limit_per_gpu_w();
+  return fmt::format(
+      "{}: predicted {:.1f} W per GPU <= {:.1f} W{}\n",
+      goal.kind == GoalKind::kPowerCap
+          ? goal.describe()
+          : fmt::format("{} ({:.1f} W per GPU over {} GPUs)", goal.describe(), limit_w, gpus),
+      p.avg_power_per_gpu_w, limit_w,
+      p.replayed_avg_power_per_gpu_w >= 0
+          ? fmt::format("; emulator replay {:.1f} W per GPU <= {:.1f} W",
+                        p.replayed_avg_power_per_gpu_w, limit_w)
+          : std::string("; not replayed (backend is not the emulator)"));
+}
+
+/// The error for a power cap below every frontier point's average power: the lowest average
+/// power per GPU any plan achieves (and the job's, for a job cap).
+[[noreturn]] void throw_power_cap_infeasible(const Goal& goal,
+                                             const std::vector<FrontierPoint>& points) {
+  double pmin = 1e300, pmax = 0;
+  for (const auto& p : points) {
+    const double w = average_power_per_gpu_w(p.energy_j, p.time_s, goal.gpus);
+    pmin = std::min(pmin, w);
+    pmax = std::max(pmax, w);
+  }
+  if (goal.kind == GoalKind::kPowerCap) {
+    throw InvalidInput(fmt::format(
+        "--power-cap-w {}: infeasible: the lowest average power of any plan is {} W per GPU; "
+        "allowed: >= {} W (the frontier spans {}..{} W per GPU)",
+        num(goal.value), num(pmin), num(pmin), num(pmin), num(pmax)));
+  }
+  const double kw = 1e-3 * goal.gpus;
+  throw InvalidInput(fmt::format(
+      "--job-power-cap-kw {}: infeasible: the lowest average power of any plan is {} kW for the "
+      "job ({} W per GPU x {} GPUs); allowed: >= {} kW (the frontier spans {}..{} kW)",
+      num(goal.value), num(pmin * kw), num(pmin), goal.gpus, num(pmin * kw), num(pmin * kw),
+      num(pmax * kw)));
+}
+
 /// The error for a goal no frontier point meets, with the range the frontier spans.
 [[noreturn]] void throw_infeasible(const Goal& goal, const std::vector<FrontierPoint>& points,
                                    double deadline, double budget_j) {
+  if (goal.power_cap()) throw_power_cap_infeasible(goal, points);
   double tmin = 1e300, tmax = 0, emin = 1e300, emax = 0;
   for (const auto& p : points) {
     tmin = std::min(tmin, p.time_s);
@@ -116,9 +166,10 @@ std::vector<std::size_t> shown_points(std::size_t n, bool all) {
 
 /// The options `plan --from` takes; the others (planning, profiling) are the frontier file's.
 bool used_with_from(const std::string& name) {
-  for (const char* ok : {"FILE", "--deadline", "--energy-budget", "--max-throughput",
-                         "--min-energy", "--out", "--method", "--json", "--quiet", "--from",
-                         "--help", "--margin", "--no-fallback", "--stage-slowdown"}) {
+  for (const char* ok :
+       {"FILE", "--deadline", "--energy-budget", "--max-throughput", "--min-energy",
+        "--power-cap-w", "--job-power-cap-kw", "--out", "--method", "--json", "--quiet", "--from",
+        "--help", "--margin", "--no-fallback", "--stage-slowdown"}) {
     if (name == ok) return true;
   }
   return false;
@@ -137,10 +188,14 @@ std::vector<FrontierRef> plan_candidates(const std::map<Method, MethodFrontier>&
 
 /// Picks the plan for the goal among `refs`. A deadline goal takes the least-energy point whose
 /// prediction keeps `margin` below the deadline and, with `replay`, whose emulator replay meets
-/// the deadline too (else the next one by energy). `make` materializes a point as a plan.
+/// the deadline too (else the next one by energy). A power cap takes the fastest point whose
+/// predicted average power per GPU is within the cap and, with `replay`, whose replayed average
+/// power is too (else the next one by time). `make` materializes a point as a plan.
 Plan choose_plan(const std::map<Method, MethodFrontier>& f, const std::vector<FrontierRef>& refs,
-                 const PlanArgs& a, const Goal& goal, const Workload& w, bool replay,
+                 const PlanArgs& a, const Goal& goal_without_gpus, const Workload& w, bool replay,
                  const std::function<Plan(const FrontierRef&, const std::string&)>& make) {
+  Goal goal = goal_without_gpus;
+  goal.gpus = w.cluster.gpus();
   std::vector<FrontierPoint> pts;
   pts.reserve(refs.size());
   for (const auto& r : refs) pts.push_back(f.at(r.method).points.at(r.index));
@@ -152,17 +207,16 @@ Plan choose_plan(const std::map<Method, MethodFrontier>& f, const std::vector<Fr
     }
     return p;
   };
-  if (goal.kind != GoalKind::kDeadline) {
+  const bool deadline = goal.kind == GoalKind::kDeadline;
+  if (!deadline && !goal.power_cap()) {
     const auto idx = select_point(pts, goal);
     if (!idx) throw_infeasible(goal, pts, a.deadline, a.budget_j);
     return labelled(refs[*idx]);
   }
-  const double bound = goal.value * (1 - a.margin);
-  std::vector<std::size_t> order;
-  for (std::size_t i = 0; i < pts.size(); ++i) {
-    if (pts[i].time_s <= bound) order.push_back(i);
-  }
-  if (order.empty()) {
+  // The points the prediction allows, best first; the replay then has the last word.
+  const std::vector<std::size_t> order =
+      ranked_points(pts, deadline ? Goal{GoalKind::kDeadline, goal.value * (1 - a.margin)} : goal);
+  if (order.empty() && deadline) {
     double tmin = 1e300;
     for (const auto& p : pts) tmin = std::min(tmin, p.time_s);
     throw InvalidInput(fmt::format(
@@ -170,29 +224,43 @@ Plan choose_plan(const std::map<Method, MethodFrontier>& f, const std::vector<Fr
         "iteration; allowed: >= {} s",
         num(goal.value), num(a.margin), num(tmin), num(tmin / (1 - a.margin))));
   }
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::size_t x, std::size_t y) { return pts[x].energy_j < pts[y].energy_j; });
+  if (order.empty()) throw_power_cap_infeasible(goal, pts);
+  const double limit_w = deadline ? 0 : goal.power_limit_per_gpu_w();
   const EmulatorModel model(w.gpu());
   std::string tried;
   for (const std::size_t i : order) {
     Plan p = labelled(refs[i]);
-    p.deadline_margin = a.margin;
+    if (deadline) p.deadline_margin = a.margin;
     if (!replay) return p;
     const IterationResult rep = emulate_iteration(
         w, model, p.execution,
         [&p](int s, InstructionKind kind, int mb) { return p.settings(s, kind, mb); },
         p.clock_switch_s);
     p.replayed_time_s = rep.iteration_time_s;
-    if (rep.iteration_time_s <= goal.value) return p;
+    if (!deadline) {
+      p.replayed_avg_power_per_gpu_w =
+          average_power_per_gpu_w(rep.energy_j, rep.iteration_time_s, goal.gpus);
+    }
+    if (deadline ? rep.iteration_time_s <= goal.value : p.replayed_avg_power_per_gpu_w <= limit_w)
+      return p;
     if (tried.size() < 200) {
-      tried += fmt::format("{}{} s predicted, {} s replayed", tried.empty() ? "" : "; ",
-                           num(p.iteration_time_s), num(rep.iteration_time_s));
+      tried += deadline
+                   ? fmt::format("{}{} s predicted, {} s replayed", tried.empty() ? "" : "; ",
+                                 num(p.iteration_time_s), num(rep.iteration_time_s))
+                   : fmt::format("{}{} W predicted, {} W replayed", tried.empty() ? "" : "; ",
+                                 num(p.avg_power_per_gpu_w), num(p.replayed_avg_power_per_gpu_w));
     }
   }
+  if (deadline) {
+    throw InvalidInput(fmt::format(
+        "--deadline {}: no plan predicted within --margin {} replays within the deadline ({}); "
+        "raise the deadline or the margin",
+        num(goal.value), num(a.margin), tried));
+  }
   throw InvalidInput(fmt::format(
-      "--deadline {}: no plan predicted within --margin {} replays within the deadline ({}); "
-      "raise the deadline or the margin",
-      num(goal.value), num(a.margin), tried));
+      "{} {}: no plan predicted within the cap ({} W per GPU) replays within it ({}); raise "
+      "the cap",
+      power_cap_flag(goal), num(goal.value), num(limit_w), tried));
 }
 
 /// `plan --from FRONTIER --stage-slowdown S=F`: the frontier re-read with those stages
@@ -436,14 +504,24 @@ void register_plan(CLI::App& app, Action& action) {
           ->check(finite_in(0, true, kMaxEnergyBudgetJ, "joules"));
   auto* g3 = cmd->add_flag("--max-throughput", args->max_tp, "fastest plan");
   auto* g4 = cmd->add_flag("--min-energy", args->min_e, "least-energy plan");
+  auto* g5 = cmd->add_option("--power-cap-w", args->power_cap_w,
+                             "fastest with average power per GPU over the iteration (whole-job "
+                             "energy / (time x GPUs), static included) <= W")
+                 ->check(finite_in(0, true, kMaxPowerCapW, "watts per GPU"));
+  auto* g6 = cmd->add_option("--job-power-cap-kw", args->job_power_cap_kw,
+                             "fastest with the whole job's average power (energy / iteration "
+                             "time) <= KW kilowatts")
+                 ->check(finite_in(0, true, kMaxJobPowerCapKw, "kilowatts"));
   cmd->add_option("--margin", args->margin,
                   "with --deadline: the predicted iteration time must stay this fraction below "
                   "the deadline; the chosen plan's emulator replay must meet the deadline too")
       ->capture_default_str()
       ->check(finite_in(0, false, 0.5, "fraction of the deadline"));
-  g1->excludes(g2)->excludes(g3)->excludes(g4);
-  g2->excludes(g3)->excludes(g4);
-  g3->excludes(g4);
+  g1->excludes(g2)->excludes(g3)->excludes(g4)->excludes(g5)->excludes(g6);
+  g2->excludes(g3)->excludes(g4)->excludes(g5)->excludes(g6);
+  g3->excludes(g4)->excludes(g5)->excludes(g6);
+  g4->excludes(g5)->excludes(g6);
+  g5->excludes(g6);
   cmd->add_option("--out", args->out, "plan file to write (required)");
   cmd->add_option("--from", args->from,
                   "pick the plan from this frontier.json of `kareus optimize` (no profiling or "
@@ -459,9 +537,9 @@ void register_plan(CLI::App& app, Action& action) {
                 "Nanobatching+Perseus plan that would be better");
   cmd->add_flag("--json", args->json, "print the plan's summary as JSON");
   add_planner_flags(cmd, args->flags);
-  cmd->callback([&action, cmd, args, show, g1, g2, g3, g4] {
+  cmd->callback([&action, cmd, args, show, g1, g2, g3, g4, g5, g6] {
     if (show->parsed()) return;  // `plan show` set the action
-    action = [cmd, args, g1, g2, g3, g4] {
+    action = [cmd, args, g1, g2, g3, g4, g5, g6] {
       const std::string& file = args->file;
       const std::string& out = args->out;
       const double deadline = args->deadline;
@@ -488,9 +566,14 @@ void register_plan(CLI::App& app, Action& action) {
         goal = {GoalKind::kMaxThroughput, 0};
       } else if (g4->count()) {
         goal = {GoalKind::kMinEnergy, 0};
+      } else if (g5->count()) {
+        goal = {GoalKind::kPowerCap, args->power_cap_w};  // the job's GPUs: choose_plan
+      } else if (g6->count()) {
+        goal = {GoalKind::kJobPowerCap, args->job_power_cap_kw};
       } else {
         throw InvalidInput(
-            "plan needs a goal: --deadline S, --energy-budget J, --max-throughput or --min-energy");
+            "plan needs a goal: --deadline S, --energy-budget J, --max-throughput, --min-energy, "
+            "--power-cap-w W or --job-power-cap-kw KW");
       }
       std::optional<Workload> w;
       nlohmann::json replan_info;
@@ -512,6 +595,10 @@ void register_plan(CLI::App& app, Action& action) {
         if (p.replayed_time_s >= 0) j["replayed_time_s"] = p.replayed_time_s;
         if (!p.stage_slowdown.empty()) j["stage_slowdown"] = p.stage_slowdown;
         if (!replan_info.is_null()) j["replan"] = replan_info;
+        j["avg_power_per_gpu_w"] = p.avg_power_per_gpu_w;
+        j["peak_instruction_power_w"] = p.peak_instruction_power_w;
+        if (p.replayed_avg_power_per_gpu_w >= 0)
+          j["replayed_avg_power_per_gpu_w"] = p.replayed_avg_power_per_gpu_w;
         std::cout << j.dump(2) << "\n";
       } else {
         std::cout << fmt::format(
@@ -528,7 +615,8 @@ void register_plan(CLI::App& app, Action& action) {
                                 p.replayed_time_s, deadline)
                   : std::string("; not replayed (backend is not the emulator)"));
         }
-        std::cout << power_model_text(w->gpu());
+        if (goal.power_cap()) std::cout << power_cap_text(goal, p, w->cluster.gpus());
+        std::cout << plan_power_text(p) << power_model_text(w->gpu());
       }
       return 0;
     };
