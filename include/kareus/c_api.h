@@ -294,7 +294,8 @@ int kareus_instruction_begin(kareus_plan* plan, int kind, int microbatch);
 int kareus_instruction_end(kareus_plan* plan, int kind, int microbatch);
 /* Where the hooks stand: index of the next (or open) instruction and whether it is open. */
 int kareus_plan_position(const kareus_plan* plan, int* next_index, int* open);
-/* Starts the order again at the first instruction (e.g. after an aborted iteration). */
+/* Starts the order again at the first instruction (e.g. after an aborted iteration); an
+ * instruction left open is dropped from an attached monitor too (no record, no busy time). */
 int kareus_plan_reset_position(kareus_plan* plan);
 
 #ifdef __cplusplus

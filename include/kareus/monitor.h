@@ -144,7 +144,8 @@ class EnergyMonitor {
   /// UUID or bus id, an index out of range) or a path that cannot be opened. A missing or
   /// failing NVML is not an error: the monitor then records times only.
   explicit EnergyMonitor(const MonitorOptions& o);
-  /// close(); a failure is printed on stderr, not thrown.
+  /// close(); a failure is printed on stderr, not thrown. In a forked child of the process that
+  /// created the monitor (a data-loader worker) nothing is written to the file.
   ~EnergyMonitor();
   EnergyMonitor(const EnergyMonitor&) = delete;
   EnergyMonitor& operator=(const EnergyMonitor&) = delete;
@@ -163,6 +164,10 @@ class EnergyMonitor {
   /// adds its time to the iteration's busy time and returns its record (written to the file
   /// only with per_instruction).
   InstructionRecord end_instruction(InstructionKind kind, int microbatch, int chunk = 0);
+
+  /// Drops the open instruction, if any, without a record or busy time (an aborted iteration:
+  /// the hooks' reset calls it).
+  void cancel_instruction();
 
   /// The totals so far (also after close()).
   MonitorSummary summary() const;

@@ -651,6 +651,7 @@ int kareus_plan_position(const kareus_plan* plan, int* next_index, int* open) {
 int kareus_plan_reset_position(kareus_plan* plan) {
   return guarded(__func__, [&] {
     need(plan, "plan")->next = 0;
+    if (plan->open && plan->monitor != nullptr) plan->monitor->impl->cancel_instruction();
     plan->open = false;
   });
 }

@@ -192,6 +192,7 @@ struct EnergyMonitor::Impl {
   std::string gpu_uuid;
   std::string times_only;  ///< the reason, or empty
   int fd = -1;
+  pid_t owner_pid = getpid();  ///< a forked child (a data-loader worker) never writes the file
   bool write_failed = false;
   bool closed = false;
 
@@ -245,8 +246,9 @@ struct EnergyMonitor::Impl {
   /// Keeps the record and appends it to the file with one write(), so a reader or a kill sees
   /// whole lines only. A failed write is reported once and the run goes on.
   void emit(const nlohmann::json& j) {
-    records.push_back(j.dump());
-    if (fd < 0) return;
+    // A note may quote a driver's message: bytes that are not UTF-8 are replaced, not thrown.
+    records.push_back(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    if (fd < 0 || getpid() != owner_pid) return;
     const std::string line = records.back() + "\n";
     ssize_t n = 0;
     do {
@@ -470,6 +472,8 @@ void EnergyMonitor::close() {
   m.closed = true;
   m.emit(summary().to_json());
 }
+
+void EnergyMonitor::cancel_instruction() { impl_->instruction.reset(); }
 
 bool EnergyMonitor::closed() const { return impl_->closed; }
 int EnergyMonitor::rank() const { return impl_->o.rank; }

@@ -791,6 +791,16 @@ TEST_F(CApi, MonitorTimesEveryInstructionThroughTheHooks) {
   EXPECT_EQ(nlohmann::json::parse(text)["iteration"], 1);
   EXPECT_EQ(kareus_monitor_record_json(m, 2, &text), KAREUS_ERR_ARGUMENT);
   EXPECT_EQ(kareus_monitor_end_iteration(m, nullptr), KAREUS_ERR_STATE);
+  // An aborted iteration: resetting the hooks drops the open instruction from the monitor too.
+  ASSERT_EQ(kareus_monitor_begin_iteration(m), KAREUS_OK);
+  ASSERT_EQ(kareus_instruction_begin_chunk(p, kind_of(ins[0]), 0, ins[0]["microbatch"].get<int>()),
+            KAREUS_OK);
+  EXPECT_EQ(kareus_monitor_end_iteration(m, nullptr), KAREUS_ERR_STATE) << "an instruction is open";
+  ASSERT_EQ(kareus_plan_reset_position(p), KAREUS_OK);
+  kareus_iteration_record aborted;
+  ASSERT_EQ(kareus_monitor_end_iteration(m, &aborted), KAREUS_OK) << kareus_last_error();
+  EXPECT_EQ(aborted.instructions, 0);
+  EXPECT_EQ(aborted.busy_time_s, 0);
 
   // Destroying the monitor writes the summary and detaches it: the hooks run without it.
   kareus_monitor_destroy(m);
@@ -804,7 +814,7 @@ TEST_F(CApi, MonitorTimesEveryInstructionThroughTheHooks) {
   for (std::string line; std::getline(in, line);) {
     records.push_back(nlohmann::json::parse(line)["record"]);
   }
-  EXPECT_EQ(records, (std::vector<std::string>{"iteration", "iteration", "summary"}));
+  EXPECT_EQ(records, (std::vector<std::string>{"iteration", "iteration", "iteration", "summary"}));
 }
 
 TEST_F(CApi, MonitorWithoutNvmlRecordsTimesOnly) {

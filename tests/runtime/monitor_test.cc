@@ -405,5 +405,31 @@ TEST(Monitor, KilledProcessKeepsEveryFinishedRecord) {
   EXPECT_EQ(f.gpu_uuid, "GPU-fake-0000-0");
 }
 
+TEST(Monitor, AForkedChildNeverWritesTheParentsFile) {
+  test::TempDir dir;
+  MonitorOptions o;
+  o.nvml = false;
+  o.out_path = dir.file("parent.jsonl");
+  EnergyMonitor m(o);
+  one_iteration(m);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    try {  // a data-loader worker's copy: its iteration and its summary stay in memory
+      one_iteration(m);
+      m.close();
+    } catch (...) {
+    }
+    _exit(0);
+  }
+  const auto status = test::wait_child(pid);
+  ASSERT_TRUE(status && WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+  EXPECT_EQ(read_lines(o.out_path).size(), 1u);
+  m.close();
+  const auto lines = read_lines(o.out_path);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[1]["iterations"], 1);
+}
+
 }  // namespace
 }  // namespace kareus::runtime
