@@ -1,8 +1,8 @@
-// The Python module `kareus` (its compiled part, kareus._core): plans, the frequency controller
-// and the instruction hooks, built over the C API (include/kareus/c_api.h) the way XGBoost's
-// Python package sits on its C API, so that both bindings share one implementation of the plan
-// checks and of the hook order. A failing C call becomes a Python exception of the class that
-// matches its status code, carrying the library's message (file, field, what is allowed).
+// The Python module `kareus` (its compiled part, kareus._core): plans, the frequency controller,
+// the energy monitor and the instruction hooks, built over the C API (include/kareus/c_api.h) the
+// way XGBoost's Python package sits on its C API, so that both bindings share one implementation of
+// the plan checks and of the hook order. A failing C call becomes a Python exception of the class
+// that matches its status code, carrying the library's message (file, field, what is allowed).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <unistd.h>
@@ -164,6 +164,8 @@ class Plan {
   int num_ranks() const { return ranks_; }
   int chunks() const { return chunks_; }
   const std::string& schedule() const { return schedule_; }
+  /// A handle of the plan (rank 0's), for the C calls that take any handle of it.
+  const kareus_plan* raw() const { return first(); }
 
   int stage_for_rank(int rank) const {
     int s = 0;
@@ -326,16 +328,108 @@ class Controller {
   bool running_ = true;
 };
 
+/// JSON text from the C API as Python objects (dicts, lists, None for null).
+py::object from_json(const char* text) { return py::module_::import("json").attr("loads")(text); }
+
+class Monitor {
+ public:
+  Monitor(int rank, int stage, std::optional<std::string> path, std::optional<std::string> gpu_uuid,
+          std::optional<std::string> pci_bus_id, std::optional<int> gpu_index, bool nvml,
+          std::optional<std::string> nvml_library, bool per_instruction, const py::object& plan,
+          std::optional<double> tokens_per_iteration)
+      : path_(path.value_or("")) {
+    if (tokens_per_iteration && !(*tokens_per_iteration > 0)) {
+      throw CallError{KAREUS_ERR_ARGUMENT, "Monitor: tokens_per_iteration must be > 0 (or None)"};
+    }
+    kareus_monitor_options o{};
+    o.rank = rank;
+    o.stage = stage;
+    o.gpu_index = gpu_index.value_or(0);
+    o.gpu_uuid = gpu_uuid ? gpu_uuid->c_str() : nullptr;
+    o.pci_bus_id = pci_bus_id ? pci_bus_id->c_str() : nullptr;
+    o.times_only = nvml ? 0 : 1;
+    o.nvml_library = nvml_library ? nvml_library->c_str() : nullptr;
+    o.per_instruction = per_instruction ? 1 : 0;
+    o.out_path = path_.c_str();
+    o.plan = plan.is_none() ? nullptr : plan.cast<const Plan&>().raw();
+    o.tokens_per_iteration = tokens_per_iteration.value_or(0);
+    check(kareus_monitor_create(&o, &m_));
+    rank_ = rank;
+    stage_ = stage;
+  }
+  ~Monitor() { kareus_monitor_destroy(m_); }
+  Monitor(const Monitor&) = delete;
+  Monitor& operator=(const Monitor&) = delete;
+
+  void begin_iteration() { check(kareus_monitor_begin_iteration(m_)); }
+  py::object end_iteration() {
+    kareus_iteration_record r;
+    check(kareus_monitor_end_iteration(m_, &r));
+    return from_json(r.json);
+  }
+  void begin_instruction(const py::object& kind, int microbatch, int chunk) {
+    check(kareus_monitor_begin_instruction(m_, parse_kind(kind), chunk, microbatch));
+  }
+  void end_instruction(const py::object& kind, int microbatch, int chunk) {
+    check(kareus_monitor_end_instruction(m_, parse_kind(kind), chunk, microbatch));
+  }
+  /// Every record so far; parsed once each, handed out as a new list.
+  py::list records() {
+    int n = 0;
+    check(kareus_monitor_record_count(m_, &n));
+    for (int i = static_cast<int>(records_.size()); i < n; ++i) {
+      const char* json = nullptr;
+      check(kareus_monitor_record_json(m_, i, &json));
+      records_.append(from_json(json));
+    }
+    return py::list(records_);
+  }
+  py::object summary() {
+    const char* json = nullptr;
+    check(kareus_monitor_summary_json(m_, &json));
+    return from_json(json);
+  }
+  void close() { check(kareus_monitor_close(m_)); }
+  bool energy_available() const {
+    int available = 0;
+    check(kareus_monitor_energy_available(m_, &available, nullptr));
+    return available != 0;
+  }
+  std::string times_only_reason() const {
+    int available = 0;
+    const char* reason = nullptr;
+    check(kareus_monitor_energy_available(m_, &available, &reason));
+    return reason;
+  }
+  int rank() const { return rank_; }
+  int stage() const { return stage_; }
+  std::optional<std::string> path() const {
+    return path_.empty() ? std::nullopt : std::optional(path_);
+  }
+  kareus_monitor* raw() const { return m_; }
+
+ private:
+  kareus_monitor* m_ = nullptr;
+  std::string path_;
+  int rank_ = 0, stage_ = 0;
+  py::list records_;
+};
+
 class Hooks {
  public:
-  Hooks(py::object plan, int rank, py::object controller)
-      : plan_obj_(std::move(plan)), controller_obj_(std::move(controller)) {
+  Hooks(py::object plan, int rank, py::object controller, py::object monitor)
+      : plan_obj_(std::move(plan)),
+        controller_obj_(std::move(controller)),
+        monitor_obj_(std::move(monitor)) {
     const Plan& p = plan_obj_.cast<const Plan&>();
     handle_ = open_plan(p.path(), p.workload_path(), rank);
     check(kareus_plan_stage(handle_->h, &stage_));
     rank_ = rank;
     if (!controller_obj_.is_none()) {
       check(kareus_plan_attach_controller(handle_->h, controller_obj_.cast<Controller&>().raw()));
+    }
+    if (!monitor_obj_.is_none()) {
+      check(kareus_plan_attach_monitor(handle_->h, monitor_obj_.cast<Monitor&>().raw()));
     }
   }
 
@@ -379,7 +473,7 @@ class Hooks {
   std::vector<Instruction> instructions() const { return read_instructions(handle_->h); }
 
  private:
-  py::object plan_obj_, controller_obj_;  // keep both alive while attached
+  py::object plan_obj_, controller_obj_, monitor_obj_;  // kept alive while attached
   std::shared_ptr<Handle> handle_;
   int stage_ = 0, rank_ = 0;
 };
@@ -604,15 +698,68 @@ PYBIND11_MODULE(_core, m) {
              return false;
            });
 
+  py::class_<Monitor>(
+      m, "Monitor",
+      "The energy monitor of one rank (docs/runtime.md, \"Energy monitor\"): call "
+      "begin_iteration() and end_iteration() around every training iteration; instructions are "
+      "timed by Hooks(..., monitor=this) or by begin_instruction/end_instruction. An "
+      "iteration's energy is the difference of NVML's total-energy counter of this rank's GPU "
+      "(NVML opened read-only); without NVML (nvml=False, no driver) it records times only, "
+      "with 'energy_j': None and a 'note'. Every finished record is one JSON line appended to "
+      "`path`; close() (or leaving the with block) appends the summary. With `plan` the summary "
+      "compares with the plan's prediction for a GPU of `stage`; tokens_per_iteration (the "
+      "whole job's) adds J/token. Select the GPU as for a Controller: gpu_uuid or pci_bus_id "
+      "(kareus.torch.local_gpu_pci_bus_id()) rather than gpu_index (NVML's order; default 0).")
+      .def(py::init<int, int, std::optional<std::string>, std::optional<std::string>,
+                    std::optional<std::string>, std::optional<int>, bool,
+                    std::optional<std::string>, bool, const py::object&, std::optional<double>>(),
+           py::arg("rank"), py::arg("stage"), py::arg("path") = py::none(),
+           py::arg("gpu_uuid") = py::none(), py::arg("pci_bus_id") = py::none(),
+           py::arg("gpu_index") = py::none(), py::arg("nvml") = true,
+           py::arg("nvml_library") = py::none(), py::arg("per_instruction") = false,
+           py::arg("plan") = py::none(), py::arg("tokens_per_iteration") = py::none())
+      .def("begin_iteration", &Monitor::begin_iteration,
+           "Starts an iteration (StateError while one is open).")
+      .def("end_iteration", &Monitor::end_iteration,
+           "Ends the iteration, appends its record and returns it as a dict: record, rank, "
+           "stage, iteration, start_unix_s, time_s, energy_j (None without energy), "
+           "avg_power_w, busy_time_s (the instructions' time), instructions, gpu_uuid, and "
+           "note where there is something to say.")
+      .def("begin_instruction", &Monitor::begin_instruction, py::arg("kind"), py::arg("microbatch"),
+           py::arg("chunk") = 0,
+           "Times an instruction of the open iteration (Hooks with monitor= call this).")
+      .def("end_instruction", &Monitor::end_instruction, py::arg("kind"), py::arg("microbatch"),
+           py::arg("chunk") = 0, "Ends the open instruction, which must be this one.")
+      .def_property_readonly("records", &Monitor::records,
+                             "Every record so far as dicts (iteration, instruction with "
+                             "per_instruction, the summary after close()), in order.")
+      .def("summary", &Monitor::summary,
+           "Totals so far and the comparison with the plan, as a dict (the summary record).")
+      .def("close", &Monitor::close, "Appends the summary record. Idempotent.")
+      .def_property_readonly("energy_available", &Monitor::energy_available,
+                             "Whether NVML energy is read (False: times only).")
+      .def_property_readonly("times_only_reason", &Monitor::times_only_reason,
+                             "Why there is no energy ('' when there is).")
+      .def_property_readonly("rank", &Monitor::rank)
+      .def_property_readonly("stage", &Monitor::stage)
+      .def_property_readonly("path", &Monitor::path)
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](Monitor& mon, const py::object&, const py::object&, const py::object&) {
+        mon.close();
+        return false;
+      });
+
   py::class_<Hooks>(m, "Hooks",
                     "The instruction hooks of one rank: call on_instruction_begin(kind, "
                     "microbatch, chunk) right before an instruction's compute and "
                     "on_instruction_end(kind, microbatch, chunk) right after it. Begin checks "
                     "the plan's order (its schedule's; OrderError otherwise), sends the clock to "
-                    "the controller if one is given, and returns the Instruction's settings. "
-                    "Without chunk the hooks name chunk 0 and refuse an interleaved plan.")
-      .def(py::init<py::object, int, py::object>(), py::arg("plan"), py::arg("rank"),
-           py::arg("controller") = py::none())
+                    "the controller if one is given, times the instruction with the monitor if "
+                    "one is given (StateError outside its iteration), and returns the "
+                    "Instruction's settings. Without chunk the hooks name chunk 0 and refuse an "
+                    "interleaved plan.")
+      .def(py::init<py::object, int, py::object, py::object>(), py::arg("plan"), py::arg("rank"),
+           py::arg("controller") = py::none(), py::arg("monitor") = py::none())
       .def("on_instruction_begin", &Hooks::begin, py::arg("kind"), py::arg("microbatch"),
            py::arg("chunk") = py::none())
       .def("on_instruction_end", &Hooks::end, py::arg("kind"), py::arg("microbatch"),

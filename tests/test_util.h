@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
@@ -104,6 +105,26 @@ inline ProfilerOptions emulator_options(const std::string& gpu, double noise = 0
 }
 
 inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+/// A plan JSON's predicted energy of one GPU of `stage` per iteration, computed from the file by
+/// the rule docs/formats.md gives ("Energy-monitor records"): the stage's instructions' dynamic
+/// energy, the static power over the iteration, an equal share of the rest of energy_j.
+inline double plan_gpu_energy_j(const nlohmann::json& plan, std::size_t stage) {
+  const double t = plan["iteration_time_s"].get<double>();
+  const double static_j = plan["static_power_w"].get<double>() * t;
+  double rest = plan["energy_j"].get<double>(), gpus = 0, mine = 0;
+  for (std::size_t s = 0; s < plan["stages"].size(); ++s) {
+    double dynamic = 0;
+    for (const auto& in : plan["stages"][s]["instructions"]) {
+      dynamic += in["dynamic_energy_j"].get<double>();
+    }
+    const double n = static_cast<double>(plan["stages"][s]["ranks"].size());
+    rest -= n * (dynamic + static_j);
+    gpus += n;
+    if (s == stage) mine = dynamic + static_j;
+  }
+  return mine + (rest > 0 ? rest : 0) / gpus;
+}
 
 /// A job that cannot fit: Llama 3.3 70B on 8 A40, TP8 PP1, micro-batch 8, sequence 8192.
 inline constexpr const char* kSeventyBOnA40 = R"(model: llama3.3-70b

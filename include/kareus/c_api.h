@@ -198,9 +198,84 @@ int kareus_controller_stop(kareus_controller* controller);
  * attached to are detached (their hooks then run without a controller). */
 void kareus_controller_free(kareus_controller* controller);
 
+/* ---- Energy monitor: what an iteration actually costs on this rank's GPU (docs/runtime.md,
+ * "Energy monitor"; records in docs/formats.md). One per rank, used by one thread. The energy of
+ * a window is the difference of NVML's total-energy counter of the rank's GPU (NVML opened
+ * read-only: no card setting is ever changed); times come from a steady clock. Without NVML
+ * (times_only, no driver, a GPU without the counter) it records times only and says so in every
+ * record. Every finished iteration (and, with per_instruction, instruction) is one JSON line
+ * appended to out_path with one write(), so a killed run keeps every finished record; closing
+ * appends the summary. Call sequence errors (an end without its begin, an instruction ended that
+ * is not the open one, an instruction outside an iteration, any call after close) are
+ * KAREUS_ERR_STATE and change nothing. */
+typedef struct kareus_monitor kareus_monitor;
+typedef struct kareus_monitor_options {
+  int rank;  /* global rank, written into every record */
+  int stage; /* the plan's pipeline stage of the rank */
+  /* Which GPU: gpu_uuid if set, else pci_bus_id if set, else gpu_index, as for a controller
+   * (prefer the UUID or bus id of the rank's CUDA device). */
+  int gpu_index;
+  const char* gpu_uuid;     /* NULL/"": unused */
+  const char* pci_bus_id;   /* NULL/"": unused; not with gpu_uuid */
+  int times_only;           /* 1: never load NVML, record times only */
+  const char* nvml_library; /* NULL/"": $KAREUS_NVML_LIBRARY, else libnvidia-ml.so.1 */
+  int per_instruction;      /* 1: an energy window and a record per instruction too */
+  const char* out_path;     /* JSON-lines file, appended to; NULL/"": records kept in memory */
+  /* A plan (any rank's handle of it) whose prediction the summary compares with: its
+   * iteration_time_s and the energy of one GPU of `stage`; the plan must put `rank` in
+   * `stage`. Read at creation only. NULL: no comparison. */
+  const kareus_plan* plan;
+  double tokens_per_iteration; /* tokens of the whole job per iteration, for J/token; 0: none */
+} kareus_monitor_options;
+/* Creates a monitor. KAREUS_ERR_INVALID_INPUT for bad options, a GPU NVML does not have or an
+ * out_path that cannot be opened; a missing NVML is not an error (times only). */
+int kareus_monitor_create(const kareus_monitor_options* options, kareus_monitor** out);
+/* Closes the monitor if needed (writing the summary) and frees it (NULL is ignored). Plans it
+ * is attached to are detached. */
+void kareus_monitor_destroy(kareus_monitor* monitor);
+int kareus_monitor_begin_iteration(kareus_monitor* monitor);
+/* One finished iteration of the rank. Strings are owned by the monitor and valid until its
+ * next kareus_monitor_end_iteration or its destruction. */
+typedef struct kareus_iteration_record {
+  int rank, stage;
+  int iteration;       /* 0-based count of this monitor's iterations */
+  double start_unix_s; /* wall clock at the begin, s since the Unix epoch (microseconds) */
+  double time_s;       /* begin to end, steady clock */
+  int has_energy;      /* 0: times only or a counter problem (note says which) */
+  double energy_j;     /* this GPU's NVML counter difference (0 without energy) */
+  double avg_power_w;  /* energy_j / time_s (0 without energy) */
+  double busy_time_s;  /* sum of the iteration's instruction times */
+  int instructions;    /* instructions ended in the iteration */
+  const char* note;    /* "" or why there is no energy */
+  const char* json;    /* the record's JSON line (without the newline) */
+} kareus_iteration_record;
+/* Ends the open iteration, appends its record and fills `out` (may be NULL). */
+int kareus_monitor_end_iteration(kareus_monitor* monitor, kareus_iteration_record* out);
+/* Times an instruction of the open iteration (the hooks call these for an attached monitor). */
+int kareus_monitor_begin_instruction(kareus_monitor* monitor, int kind, int chunk, int microbatch);
+int kareus_monitor_end_instruction(kareus_monitor* monitor, int kind, int chunk, int microbatch);
+/* The totals so far and the comparison with the plan, as a JSON object (the summary record):
+ * owned by the monitor, valid until the next call of this function or its destruction. */
+int kareus_monitor_summary_json(kareus_monitor* monitor, const char** json);
+/* Records so far (iteration, instruction with per_instruction, the summary after close):
+ * `*count`, and record `index`'s JSON line, owned by the monitor until its destruction. */
+int kareus_monitor_record_count(const kareus_monitor* monitor, int* count);
+int kareus_monitor_record_json(const kareus_monitor* monitor, int index, const char** json);
+/* 1 when NVML energy is being read; else 0 and `*reason` (may be NULL; owned by the monitor,
+ * valid until the next call) says why. */
+int kareus_monitor_energy_available(kareus_monitor* monitor, int* available, const char** reason);
+/* Appends the summary record; idempotent. Later begin/end calls are KAREUS_ERR_STATE. */
+int kareus_monitor_close(kareus_monitor* monitor);
+
 /* ---- Instruction hooks. */
 /* Attaches a controller to the plan (NULL detaches). Not owned: it must outlive the attachment. */
 int kareus_plan_attach_controller(kareus_plan* plan, kareus_controller* controller);
+/* Attaches an energy monitor (NULL detaches): the hooks then time every instruction with it
+ * (kareus_monitor_begin_instruction / _end_instruction), and a hook fails with the monitor's
+ * status (KAREUS_ERR_STATE outside an iteration: call kareus_monitor_begin_iteration at the
+ * start of every training iteration), changing nothing. The monitor's rank must be the plan's
+ * (KAREUS_ERR_ARGUMENT otherwise). Not owned: it must outlive the attachment. */
+int kareus_plan_attach_monitor(kareus_plan* plan, kareus_monitor* monitor);
 /* Call right before the instruction's compute. Fails with KAREUS_ERR_ORDER, changing nothing,
  * unless (kind, chunk, microbatch) is the next instruction of the stage in the plan's order (the
  * schedule's) and no instruction is open; the message names the schedule and the expected
@@ -219,7 +294,8 @@ int kareus_instruction_begin(kareus_plan* plan, int kind, int microbatch);
 int kareus_instruction_end(kareus_plan* plan, int kind, int microbatch);
 /* Where the hooks stand: index of the next (or open) instruction and whether it is open. */
 int kareus_plan_position(const kareus_plan* plan, int* next_index, int* open);
-/* Starts the order again at the first instruction (e.g. after an aborted iteration). */
+/* Starts the order again at the first instruction (e.g. after an aborted iteration); an
+ * instruction left open is dropped from an attached monitor too (no record, no busy time). */
 int kareus_plan_reset_position(kareus_plan* plan);
 
 #ifdef __cplusplus

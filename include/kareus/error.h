@@ -29,6 +29,14 @@ class NotSupported : public Error {
   using Error::Error;
 };
 
+/// An object used in the wrong state or order: an energy monitor's end_iteration without a
+/// begin_iteration, an instruction ended that is not the open one, a monitor used after close.
+/// A programming error of the caller; the C API returns KAREUS_ERR_STATE. Exit code 1.
+class StateError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// The user asked the run to stop (SIGINT, SIGTERM; kareus/interrupt.h). Thrown between
 /// measurements, never inside one, so every measurement finished before the request is
 /// committed. Exit code 128 + signal (130 for SIGINT, 143 for SIGTERM).

@@ -186,6 +186,14 @@ struct Plan {
   /// The stage a global rank belongs to (throws InvalidInput when out of range).
   int stage_of_rank(int rank) const;
   int clock_changes() const;  ///< summed over stages
+  /// Predicted energy of one GPU of `stage` over one iteration (J, static power included), what
+  /// NVML's energy counter of that GPU should read (the runtime's energy monitor compares them):
+  /// the dynamic energy of the stage's instructions, plus static_power_w x iteration_time_s,
+  /// plus an equal share per GPU of the rest of energy_j (P2P messages, once-per-iteration
+  /// reductions and data-parallel collectives, which the plan records only in the total;
+  /// negative rest, possible only in a plan edited by hand, counts as 0). Summed over every GPU
+  /// of the job it gives energy_j. Throws InvalidInput for a stage out of range.
+  double gpu_energy_j(int stage) const;
 };
 
 /// Reads a plan file and checks it without a workload (Plan::from_json), for tools that have

@@ -7,9 +7,13 @@
 ...     s = hooks.on_instruction_begin("forward", 0)        # order check + clock; settings
 ...     ...                                                 # run the instruction
 ...     hooks.on_instruction_end("forward", 0)
+>>> with kareus.Monitor(rank=0, stage=0, path="rank0.jsonl", plan=plan) as mon:
+...     hooks = kareus.Hooks(plan, rank=0, monitor=mon)   # every instruction timed
+...     mon.begin_iteration(); ...; record = mon.end_iteration()   # time, energy, busy time
 
 Classes: :class:`Plan`, :class:`Instruction`, :class:`Partition`, :class:`MixEntry`,
-:class:`Controller`, :class:`Hooks`; errors derive from :class:`Error`
+:class:`Controller`, :class:`Monitor` (energy and time per iteration, NVML read-only),
+:class:`Hooks`; errors derive from :class:`Error`
 (:class:`InvalidInputError`, :class:`ArgumentError`, :class:`OrderError`, :class:`StateError`,
 :class:`NotSupportedError`, :class:`InternalError`) and carry the library's message.
 :func:`schedule_order` gives a stage's instruction order, (kind, chunk, microbatch) tuples, from
@@ -31,6 +35,7 @@ from ._core import (  # noqa: F401
     InternalError,
     InvalidInputError,
     MixEntry,
+    Monitor,
     NotSupportedError,
     OrderError,
     Partition,
@@ -43,7 +48,7 @@ from ._core import (  # noqa: F401
 
 __all__ = [
     "BACKWARD", "FORWARD", "PLAN_FORMAT_VERSION", "ArgumentError", "Controller", "Error", "Hooks",
-    "Instruction", "InternalError", "InvalidInputError", "MixEntry", "NotSupportedError",
-    "OrderError", "Partition", "Plan", "StateError", "__version__", "schedule_name",
-    "schedule_order",
+    "Instruction", "InternalError", "InvalidInputError", "MixEntry", "Monitor",
+    "NotSupportedError", "OrderError", "Partition", "Plan", "StateError", "__version__",
+    "schedule_name", "schedule_order",
 ]

@@ -45,6 +45,8 @@ __all__ = [
     "reduce_from_tp",
     "BLOCK_SLOTS",
     "local_gpu_pci_bus_id",
+    "aggregate_iteration",
+    "merge_iteration_records",
 ]
 
 def local_gpu_pci_bus_id(device: Optional[int] = None, driver_library: str = "libcuda.so.1") -> str:
@@ -222,15 +224,22 @@ class PipelineHooks:
     Instructions are named by (kind, chunk, micro-batch). On an interleaved plan (``chunks`` >
     1) each hook needs ``chunk``; without it the hooks name chunk 0 and the plan refuses them
     (``kareus.OrderError``) where that is ambiguous. :attr:`order` is the stage's order.
+
+    ``monitor``, a ``kareus.Monitor`` of this rank, times every instruction (with a plan through
+    ``kareus.Hooks``, without one directly), so a baseline run without a plan is measured the
+    same way; the training loop calls its ``begin_iteration``/``end_iteration``.
     """
 
-    def __init__(self, plan: Any, rank: int, controller: Any = None):
+    def __init__(self, plan: Any, rank: int, controller: Any = None, monitor: Any = None):
         self.rank = rank
         self._hooks = None
+        self._monitor = None
         if plan is not None:
             import kareus  # the C++ module; imported here so that the layer works without it
 
-            self._hooks = kareus.Hooks(plan, rank, controller)
+            self._hooks = kareus.Hooks(plan, rank, controller, monitor)
+        else:
+            self._monitor = monitor
         self.current: Optional[InstructionSettings] = None
         self._open: Optional[Tuple[str, int, int]] = None
 
@@ -258,6 +267,8 @@ class PipelineHooks:
             self.current = InstructionSettings.from_plan(
                 self._hooks.on_instruction_begin(kind, microbatch, chunk))
         else:
+            if self._monitor is not None:
+                self._monitor.begin_instruction(kind, microbatch, 0 if chunk is None else chunk)
             self.current = None
         self._open = (kind, 0 if chunk is None else chunk, microbatch)
         return self.current
@@ -266,6 +277,8 @@ class PipelineHooks:
         """Call right after the instruction's compute (before its send to the next stage)."""
         if self._hooks is not None:
             self._hooks.on_instruction_end(kind, microbatch, chunk)
+        elif self._monitor is not None:
+            self._monitor.end_instruction(kind, microbatch, 0 if chunk is None else chunk)
         self._open = None
         self.current = None
 
@@ -273,6 +286,89 @@ class PipelineHooks:
     def open_instruction(self) -> Optional[Tuple[str, int, int]]:
         """(kind, chunk, micro-batch) between begin and end, else None."""
         return self._open
+
+
+# ---------------------------------------------------------------------------------------------
+# The job's figures of one iteration, from every rank's energy-monitor record.
+
+
+def merge_iteration_records(records: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """The job's figures of one iteration from every rank's ``kareus.Monitor.end_iteration()``
+    record, as ``kareus monitor merge`` computes them per iteration (docs/formats.md).
+
+    Returns ``{"iteration", "ranks" (sorted), "time_s" (max over the ranks), "energy_j" (sum
+    over the ranks; None if one has no energy), "avg_power_per_gpu_w" (energy_j / (time_s x
+    ranks); None without energy), "stage_busy_time_s" (a list indexed by stage: the max over
+    the stage's ranks of their instructions' time; None for a stage no record covers),
+    "notes"}``. Raises ValueError for no records, a record that is not an iteration record, two
+    records of one rank, or ranks at different iterations. Two ranks that measured the same GPU
+    (same ``gpu_uuid``) make the sum count it twice: a RuntimeWarning and a note say so.
+    """
+    if not records:
+        raise ValueError("merge_iteration_records: no records")
+    for r in records:
+        if not isinstance(r, dict) or r.get("record") != "iteration":
+            raise ValueError("merge_iteration_records: not an iteration record of "
+                             f"kareus.Monitor.end_iteration(): {r!r}")
+    by_rank = sorted(records, key=lambda r: r["rank"])
+    ranks = [r["rank"] for r in by_rank]
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"merge_iteration_records: two records of one rank among ranks {ranks}")
+    iterations = {r["iteration"] for r in records}
+    if len(iterations) != 1:
+        at = ", ".join(f"rank {r['rank']}: {r['iteration']}" for r in by_rank)
+        raise ValueError("merge_iteration_records: the ranks are at different iterations "
+                         f"({at}); every rank must call begin_iteration/end_iteration for every "
+                         "iteration")
+    notes: List[str] = []
+    gpus: Dict[str, int] = {}
+    for r in by_rank:
+        uuid = r.get("gpu_uuid")
+        if uuid and uuid in gpus:
+            notes.append(f"ranks {gpus[uuid]} and {r['rank']} measured the same GPU {uuid}: its "
+                         "energy is counted twice (select each rank's own GPU by gpu_uuid or "
+                         "pci_bus_id)")
+        elif uuid:
+            gpus[uuid] = r["rank"]
+    if notes:
+        import warnings
+
+        warnings.warn("kareus: " + "; ".join(notes), RuntimeWarning)
+    time_s = max(float(r["time_s"]) for r in records)
+    lacking = [r["rank"] for r in by_rank if r.get("energy_j") is None]
+    energy_j: Optional[float] = None
+    if lacking:
+        notes.append(f"rank(s) {', '.join(map(str, lacking))} have no energy (times only or a "
+                     "counter problem; see their records' notes)")
+    else:
+        energy_j = sum(float(r["energy_j"]) for r in records)
+    power = energy_j / (time_s * len(records)) if energy_j is not None and time_s > 0 else None
+    busy: List[Optional[float]] = [None] * (max(r["stage"] for r in records) + 1)
+    for r in records:
+        s = r["stage"]
+        busy[s] = max(busy[s] or 0.0, float(r["busy_time_s"]))
+    return {"iteration": next(iter(iterations)), "ranks": ranks, "time_s": time_s,
+            "energy_j": energy_j, "avg_power_per_gpu_w": power, "stage_busy_time_s": busy,
+            "notes": notes}
+
+
+def aggregate_iteration(record: Dict[str, Any], group: Any = None) -> Dict[str, Any]:
+    """The job's figures of one iteration: every rank passes its own ``Monitor.end_iteration()``
+    record; the records are all-gathered through the job's process group (``group``, default the
+    world; ``torch.distributed.all_gather_object``, which works on gloo and, with the current
+    CUDA device set, on NCCL) and merged by :func:`merge_iteration_records` on every rank, so
+    every rank returns the same dict: ``time_s`` max over the ranks, ``energy_j`` sum (None if a
+    rank lacks it), ``avg_power_per_gpu_w``, and ``stage_busy_time_s``, a list indexed by stage
+    (the max over the stage's ranks of their busy time: what a re-planner compares with the
+    plan's per-stage time). A collective: every rank of the group must call it for the same
+    iteration.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("aggregate_iteration needs an initialized torch.distributed process "
+                           "group (use merge_iteration_records for records at hand)")
+    gathered: List[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, record, group=group)
+    return merge_iteration_records(gathered)
 
 
 # ---------------------------------------------------------------------------------------------

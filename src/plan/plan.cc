@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -171,6 +172,23 @@ int Plan::clock_changes() const {
   int n = 0;
   for (const auto& s : stages) n += s.clock_changes;
   return n;
+}
+
+double Plan::gpu_energy_j(int stage) const {
+  if (stage < 0 || static_cast<std::size_t>(stage) >= stages.size()) {
+    throw InvalidInput(fmt::format("plan stage {}: the plan has {} stages (0..{})", stage,
+                                   stages.size(), static_cast<int>(stages.size()) - 1));
+  }
+  auto dynamic_of = [](const PlanStage& s) {
+    double e = 0;
+    for (const auto& in : s.instructions) e += in.dynamic_energy_j;
+    return e;
+  };
+  const double static_j = static_power_w * iteration_time_s;
+  double rest = energy_j - layout.gpus() * static_j;
+  for (const auto& s : stages) rest -= layout.gpus_per_stage() * dynamic_of(s);
+  return dynamic_of(stages[static_cast<std::size_t>(stage)]) + static_j +
+         std::max(0.0, rest) / layout.gpus();
 }
 
 nlohmann::json Plan::to_json() const {

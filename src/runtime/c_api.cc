@@ -1,14 +1,15 @@
 // C API of the Kareus runtime (include/kareus/c_api.h), over kareus::Plan (format v2) and
-// runtime::FrequencyController. Follows XGBoost's C API pattern: every entry point catches every
-// exception, stores its message in a thread-local string and returns a status code, so no C++
-// exception crosses the boundary. The instruction hooks enforce the order of the stage's
-// instruction list in the plan (validated against the workload's pipeline schedule when the plan
-// is opened) because a training loop that drifts from it would apply the wrong clocks and slots
-// silently.
+// runtime::FrequencyController and runtime::EnergyMonitor. Follows XGBoost's C API pattern: every
+// entry point catches every exception, stores its message in a thread-local string and returns a
+// status code, so no C++ exception crosses the boundary. The instruction hooks enforce the order of
+// the stage's instruction list in the plan (validated against the workload's pipeline schedule when
+// the plan is opened) because a training loop that drifts from it would apply the wrong clocks and
+// slots silently.
 #include "kareus/c_api.h"
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdio>
 #include <exception>
 #include <memory>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "kareus/error.h"
+#include "kareus/monitor.h"
 #include "kareus/plan.h"
 #include "kareus/plan_check.h"
 #include "kareus/runtime.h"
@@ -53,6 +55,9 @@ int guarded(const char* function, F&& body) {
   } catch (const kareus::NotSupported& e) {
     g_last_error = e.what();
     return KAREUS_ERR_NOT_SUPPORTED;
+  } catch (const kareus::StateError& e) {
+    g_last_error = e.what();
+    return KAREUS_ERR_STATE;
   } catch (const kareus::Error& e) {
     g_last_error = e.what();
     return KAREUS_ERR_INTERNAL;
@@ -101,6 +106,13 @@ struct kareus_controller {
   std::vector<kareus_plan*> plans;
 };
 
+struct kareus_monitor {
+  std::unique_ptr<kareus::runtime::EnergyMonitor> impl;
+  /// Plans whose hooks time instructions with this monitor (detached when it is destroyed).
+  std::vector<kareus_plan*> plans;
+  std::string note, summary, reason;  ///< storage of the strings handed out
+};
+
 struct kareus_plan {
   kareus::Workload workload;
   kareus::Plan plan;
@@ -111,6 +123,7 @@ struct kareus_plan {
   /// Partitions of each instruction of the stage, ordered by key (the plan's map order).
   std::vector<std::vector<std::pair<const std::string*, const kareus::PlanPartition*>>> parts;
   kareus_controller* controller = nullptr;
+  kareus_monitor* monitor = nullptr;
   std::size_t next = 0;  ///< index of the next (or open) instruction
   bool open = false;
 
@@ -166,6 +179,14 @@ void detach(kareus_plan* plan) {
   if (c == nullptr) return;
   std::erase(c->plans, plan);
   plan->controller = nullptr;
+}
+
+// The same for its monitor.
+void detach_monitor(kareus_plan* plan) {
+  kareus_monitor* m = plan->monitor;
+  if (m == nullptr) return;
+  std::erase(m->plans, plan);
+  plan->monitor = nullptr;
 }
 
 }  // namespace
@@ -228,6 +249,7 @@ int kareus_plan_open(const char* plan_path, const char* workload_path, int globa
 void kareus_plan_close(kareus_plan* plan) {
   if (plan == nullptr) return;
   detach(plan);
+  detach_monitor(plan);
   delete plan;
 }
 
@@ -548,11 +570,13 @@ void instruction_begin(kareus_plan* plan, int kind, int chunk, int microbatch) {
                      plan->rank, plan->stage, name_of(k, chunk, microbatch), plan->schedule,
                      plan->describe(plan->next)));
   }
+  if (plan->controller != nullptr && plan->controller->stopped) {
+    fail(KAREUS_ERR_STATE,
+         fmt::format("the attached controller (pid {}) is stopped", plan->controller->pid));
+  }
+  // The last check that can fail: nothing has changed when it throws.
+  if (plan->monitor != nullptr) plan->monitor->impl->begin_instruction(k, microbatch, chunk);
   if (plan->controller != nullptr) {
-    if (plan->controller->stopped) {
-      fail(KAREUS_ERR_STATE,
-           fmt::format("the attached controller (pid {}) is stopped", plan->controller->pid));
-    }
     try {
       plan->controller->impl->set_clock(want.freq_mhz);
     } catch (const kareus::Error& e) {
@@ -585,6 +609,7 @@ void instruction_end(kareus_plan* plan, int kind, int chunk, int microbatch) {
          fmt::format("rank {} (stage {}): end of {}, but the open instruction is {}", plan->rank,
                      plan->stage, name_of(k, chunk, microbatch), plan->describe(plan->next)));
   }
+  if (plan->monitor != nullptr) plan->monitor->impl->end_instruction(k, microbatch, chunk);
   plan->open = false;
   plan->next = (plan->next + 1) % ins.size();
 }
@@ -626,7 +651,172 @@ int kareus_plan_position(const kareus_plan* plan, int* next_index, int* open) {
 int kareus_plan_reset_position(kareus_plan* plan) {
   return guarded(__func__, [&] {
     need(plan, "plan")->next = 0;
+    if (plan->open && plan->monitor != nullptr) plan->monitor->impl->cancel_instruction();
     plan->open = false;
+  });
+}
+
+}  // extern "C"
+
+// ---- Energy monitor.
+
+namespace {
+
+kareus::runtime::MonitorOptions monitor_options(const kareus_monitor_options& c) {
+  for (const auto& [value, name] : {std::pair{c.rank, "rank"}, std::pair{c.stage, "stage"},
+                                    std::pair{c.gpu_index, "gpu_index"}}) {
+    if (value < 0) fail(KAREUS_ERR_ARGUMENT, fmt::format("{} {} < 0", name, value));
+  }
+  if (!(std::isfinite(c.tokens_per_iteration) && c.tokens_per_iteration >= 0)) {
+    fail(KAREUS_ERR_ARGUMENT, fmt::format("tokens_per_iteration {}: allowed 0 (none) or a finite "
+                                          "number > 0",
+                                          c.tokens_per_iteration));
+  }
+  kareus::runtime::MonitorOptions o;
+  o.rank = c.rank;
+  o.stage = c.stage;
+  o.gpu_index = c.gpu_index;
+  if (c.gpu_uuid) o.gpu_uuid = c.gpu_uuid;
+  if (c.pci_bus_id) o.pci_bus_id = c.pci_bus_id;
+  o.nvml = c.times_only == 0;
+  if (c.nvml_library) o.nvml_library = c.nvml_library;
+  o.per_instruction = c.per_instruction != 0;
+  if (c.out_path) o.out_path = c.out_path;
+  if (c.tokens_per_iteration > 0) o.tokens_per_iteration = c.tokens_per_iteration;
+  if (c.plan != nullptr) {
+    const kareus::Plan& p = c.plan->plan;
+    const int stage = p.stage_of_rank(c.rank);
+    if (stage != c.stage) {
+      fail(KAREUS_ERR_ARGUMENT, fmt::format("rank {} is in stage {} of the plan {}, not stage {}",
+                                            c.rank, stage, c.plan->path, c.stage));
+    }
+    o.prediction = kareus::runtime::MonitorPrediction::from_plan(p, c.stage, c.plan->path);
+  }
+  return o;
+}
+
+const std::string& record_at(const kareus_monitor* m, int index) {
+  const auto& records = m->impl->records();
+  if (index < 0 || static_cast<std::size_t>(index) >= records.size()) {
+    fail(KAREUS_ERR_ARGUMENT,
+         fmt::format("record index {}: the monitor holds {}", index, records.size()));
+  }
+  return records[static_cast<std::size_t>(index)];
+}
+
+}  // namespace
+
+extern "C" {
+
+int kareus_monitor_create(const kareus_monitor_options* options, kareus_monitor** out) {
+  return guarded(__func__, [&] {
+    need(out, "out");
+    *out = nullptr;
+    const auto o = monitor_options(*need(options, "options"));
+    auto m = std::make_unique<kareus_monitor>();
+    m->impl = std::make_unique<kareus::runtime::EnergyMonitor>(o);
+    *out = m.release();
+  });
+}
+
+void kareus_monitor_destroy(kareus_monitor* monitor) {
+  if (monitor == nullptr) return;
+  // Close here, where a failure can be caught: it must not escape into C.
+  (void)kareus_monitor_close(monitor);
+  for (kareus_plan* plan : monitor->plans) plan->monitor = nullptr;
+  delete monitor;
+}
+
+int kareus_monitor_begin_iteration(kareus_monitor* monitor) {
+  return guarded(__func__, [&] { need(monitor, "monitor")->impl->begin_iteration(); });
+}
+
+int kareus_monitor_end_iteration(kareus_monitor* monitor, kareus_iteration_record* out) {
+  return guarded(__func__, [&] {
+    const auto r = need(monitor, "monitor")->impl->end_iteration();
+    monitor->note = r.note;
+    if (out == nullptr) return;
+    *out = {};
+    out->rank = r.rank;
+    out->stage = r.stage;
+    out->iteration = r.iteration;
+    out->start_unix_s = r.start_unix_s;
+    out->time_s = r.time_s;
+    out->has_energy = r.energy_j ? 1 : 0;
+    out->energy_j = r.energy_j.value_or(0.0);
+    out->avg_power_w = r.avg_power_w.value_or(0.0);
+    out->busy_time_s = r.busy_time_s;
+    out->instructions = r.instructions;
+    out->note = monitor->note.c_str();
+    out->json = monitor->impl->records().back().c_str();
+  });
+}
+
+int kareus_monitor_begin_instruction(kareus_monitor* monitor, int kind, int chunk, int microbatch) {
+  return guarded(__func__, [&] {
+    need(monitor, "monitor")->impl->begin_instruction(to_kind(kind), microbatch, chunk);
+  });
+}
+
+int kareus_monitor_end_instruction(kareus_monitor* monitor, int kind, int chunk, int microbatch) {
+  return guarded(__func__, [&] {
+    need(monitor, "monitor")->impl->end_instruction(to_kind(kind), microbatch, chunk);
+  });
+}
+
+int kareus_monitor_summary_json(kareus_monitor* monitor, const char** json) {
+  return guarded(__func__, [&] {
+    need(json, "json");
+    need(monitor, "monitor")->summary = monitor->impl->summary().to_json().dump();
+    *json = monitor->summary.c_str();
+  });
+}
+
+int kareus_monitor_record_count(const kareus_monitor* monitor, int* count) {
+  return guarded(__func__, [&] {
+    *need(count, "count") = static_cast<int>(need(monitor, "monitor")->impl->records().size());
+  });
+}
+
+int kareus_monitor_record_json(const kareus_monitor* monitor, int index, const char** json) {
+  return guarded(__func__, [&] {
+    need(json, "json");
+    *json = record_at(need(monitor, "monitor"), index).c_str();
+  });
+}
+
+int kareus_monitor_energy_available(kareus_monitor* monitor, int* available, const char** reason) {
+  return guarded(__func__, [&] {
+    need(available, "available");
+    *available = need(monitor, "monitor")->impl->energy_available() ? 1 : 0;
+    monitor->reason = monitor->impl->times_only_reason();
+    if (reason != nullptr) *reason = monitor->reason.c_str();
+  });
+}
+
+int kareus_monitor_close(kareus_monitor* monitor) {
+  return guarded(__func__, [&] { need(monitor, "monitor")->impl->close(); });
+}
+
+int kareus_plan_attach_monitor(kareus_plan* plan, kareus_monitor* monitor) {
+  return guarded(__func__, [&] {
+    need(plan, "plan");
+    if (plan->open) {
+      fail(KAREUS_ERR_STATE,
+           fmt::format("rank {}: attach a monitor between instructions, not while {} is open",
+                       plan->rank, plan->describe(plan->next)));
+    }
+    if (monitor != nullptr &&
+        (monitor->impl->rank() != plan->rank || monitor->impl->stage() != plan->stage)) {
+      fail(KAREUS_ERR_ARGUMENT,
+           fmt::format("the monitor is rank {} (stage {}), the plan handle rank {} (stage {})",
+                       monitor->impl->rank(), monitor->impl->stage(), plan->rank, plan->stage));
+    }
+    detach_monitor(plan);
+    if (monitor != nullptr) {
+      monitor->plans.push_back(plan);
+      plan->monitor = monitor;
+    }
   });
 }
 

@@ -1,9 +1,12 @@
 #!/usr/bin/python3
-"""The Python module `kareus` (pybind11 over the C API): plans, hooks, controller, errors.
+"""The Python module `kareus` (pybind11 over the C API): plans, hooks, controller, energy
+monitor, errors.
 
 Plans are made by the CLI for the tiny TP=2, PP=2 workload and its interleaved counterpart
 (tiny_tp2_pp2_vp2.yaml next to it: two model chunks per stage); expected values are read from the
-plan JSON independently of the module, and the interleaved order is written out by hand.
+plan JSON independently of the module, and the interleaved order is written out by hand. The
+energy monitor reads the fake NVML's scripted counter (KAREUS_FAKE_NVML_ENERGY_MJ), so its
+energies are the differences of the listed readings.
 
 Usage: module_test.py --kareus BIN/kareus --workload tiny_tp2_pp2.yaml --workdir DIR
 """
@@ -286,6 +289,172 @@ def process_alive(pid):
         return False
 
 
+def gpu_energy_from_json(plan, stage):
+    """The plan's energy for one GPU of `stage` per iteration (docs/formats.md, energy monitor)."""
+    static_j = plan["static_power_w"] * plan["iteration_time_s"]
+    rest, gpus, mine = plan["energy_j"], 0, 0.0
+    for s, st in enumerate(plan["stages"]):
+        dynamic = sum(i["dynamic_energy_j"] for i in st["instructions"])
+        rest -= len(st["ranks"]) * (dynamic + static_j)
+        gpus += len(st["ranks"])
+        if s == stage:
+            mine = dynamic + static_j
+    return mine + max(0.0, rest) / gpus
+
+
+class MonitorTest(unittest.TestCase):
+    def setUp(self):
+        if not ARGS.fake_nvml:
+            self.skipTest("no --fake-nvml")
+        self._old = os.environ.get("KAREUS_FAKE_NVML_ENERGY_MJ")
+
+    def tearDown(self):
+        if self._old is None:
+            os.environ.pop("KAREUS_FAKE_NVML_ENERGY_MJ", None)
+        else:
+            os.environ["KAREUS_FAKE_NVML_ENERGY_MJ"] = self._old
+
+    def test_totals_match_the_scripted_counter(self):
+        import kareus
+
+        # Two counter reads per iteration: 1200 - 1000, 1700 - 1300, 2000 - 1900 J.
+        os.environ["KAREUS_FAKE_NVML_ENERGY_MJ"] = "1000000,1200000,1300000,1700000,1900000,2000000"
+        plan = kareus.Plan(PLAN, ARGS.workload)
+        path = os.path.join(ARGS.workdir, "monitor_rank2.jsonl")
+        if os.path.exists(path):
+            os.remove(path)
+        ins = plan.instructions(1)
+        with kareus.Monitor(2, 1, path=path, nvml_library=ARGS.fake_nvml, plan=plan,
+                            tokens_per_iteration=256) as mon:
+            self.assertTrue(mon.energy_available, mon.times_only_reason)
+            hooks = kareus.Hooks(plan, 2, monitor=mon)
+            with self.assertRaises(kareus.StateError) as cm:
+                hooks.on_instruction_begin(ins[0].kind, ins[0].microbatch)
+            self.assertIn("begin_iteration", str(cm.exception))
+            self.assertEqual(hooks.position, (0, False))
+            records = []
+            for _ in range(3):
+                mon.begin_iteration()
+                for i in ins:
+                    hooks.on_instruction_begin(i.kind, i.microbatch)
+                    hooks.on_instruction_end(i.kind, i.microbatch)
+                records.append(mon.end_iteration())
+            self.assertEqual([r["energy_j"] for r in records], [200, 400, 100])
+            for n, r in enumerate(records):
+                self.assertEqual((r["record"], r["rank"], r["stage"], r["iteration"]),
+                                 ("iteration", 2, 1, n))
+                self.assertEqual(r["instructions"], len(ins))
+                self.assertLessEqual(r["busy_time_s"], r["time_s"])
+                self.assertAlmostEqual(r["avg_power_w"], r["energy_j"] / r["time_s"], places=9)
+                self.assertEqual(r["gpu_uuid"], "GPU-fake-0000-0")
+                self.assertNotIn("note", r)
+            s = mon.summary()
+            self.assertEqual((s["iterations"], s["instructions"]), (3, 3 * len(ins)))
+            self.assertEqual(s["energy_j"], 700)
+            self.assertAlmostEqual(s["energy_per_iteration_j"], 700 / 3)
+            self.assertAlmostEqual(s["energy_per_token_j"], 700 / 3 / 256)
+            self.assertAlmostEqual(s["time_s"], sum(r["time_s"] for r in records))
+            predicted = gpu_energy_from_json(PLAN_JSON, 1)
+            self.assertAlmostEqual(s["prediction"]["energy_per_iteration_j"], predicted)
+            self.assertEqual(s["prediction"]["iteration_time_s"], PLAN_JSON["iteration_time_s"])
+            self.assertAlmostEqual(s["error"]["energy_per_iteration"], 700 / 3 / predicted - 1)
+            self.assertEqual(len(mon.records), 3)
+        with open(path) as f:
+            lines = [json.loads(line) for line in f]
+        self.assertEqual([r["record"] for r in lines], ["iteration"] * 3 + ["summary"])
+        self.assertEqual(lines[:3], records)
+        self.assertEqual(lines[3]["energy_j"], 700)
+        self.assertEqual(mon.records, lines)
+
+    def test_times_only_per_instruction_and_errors(self):
+        import kareus
+        import kareus.torch as kt
+
+        mon = kareus.Monitor(0, 0, nvml=False, per_instruction=True)
+        self.assertFalse(mon.energy_available)
+        self.assertIn("nvml = false", mon.times_only_reason)
+        hooks = kt.PipelineHooks(None, 0, monitor=mon)  # a baseline without a plan, measured
+        mon.begin_iteration()
+        hooks.on_instruction_begin("forward", 0)
+        with self.assertRaises(kareus.StateError):
+            mon.end_instruction("backward", 0)
+        hooks.on_instruction_end("forward", 0)
+        r = mon.end_iteration()
+        self.assertIsNone(r["energy_j"])
+        self.assertIsNone(r["avg_power_w"])
+        self.assertTrue(r["note"].startswith("times only: "), r["note"])
+        self.assertEqual(r["instructions"], 1)
+        self.assertEqual([x["record"] for x in mon.records], ["instruction", "iteration"])
+        self.assertEqual(mon.records[0]["kind"], "forward")
+        with self.assertRaises(kareus.StateError):
+            mon.end_iteration()
+        mon.close()
+        self.assertIsNone(mon.summary()["energy_per_iteration_j"])
+        with self.assertRaises(kareus.StateError):
+            mon.begin_iteration()
+        with self.assertRaises(kareus.InvalidInputError):
+            kareus.Monitor(0, 0, gpu_uuid="GPU-fake-0000-0", pci_bus_id="00000000:80:00.0",
+                           nvml_library=ARGS.fake_nvml)
+        with self.assertRaises(kareus.InvalidInputError) as cm:
+            kareus.Monitor(0, 0, gpu_uuid="GPU-typo", nvml_library=ARGS.fake_nvml)
+        self.assertIn("GPU-typo", str(cm.exception))
+        with self.assertRaises(kareus.ArgumentError):
+            kareus.Monitor(0, 0, nvml=False, tokens_per_iteration=0)
+        plan = kareus.Plan(PLAN, ARGS.workload)
+        with self.assertRaises(kareus.ArgumentError) as cm:
+            kareus.Monitor(0, 1, nvml=False, plan=plan)
+        self.assertIn("rank 0 is in stage 0", str(cm.exception))
+        with self.assertRaises(kareus.ArgumentError):
+            kareus.Hooks(plan, 1, monitor=kareus.Monitor(0, 0, nvml=False))  # another rank's
+
+    def test_job_figures_of_an_iteration(self):
+        import kareus.torch as kt
+
+        def rec(rank, stage, time_s, energy_j, busy_s, uuid):
+            return {"record": "iteration", "rank": rank, "stage": stage, "iteration": 4,
+                    "time_s": time_s, "energy_j": energy_j, "busy_time_s": busy_s,
+                    "gpu_uuid": uuid}
+
+        records = [rec(2, 1, 0.9, 200, 0.5, "c"), rec(0, 0, 1.0, 300, 0.8, "a"),
+                   rec(1, 0, 1.2, 100, 0.9, "b")]
+        job = kt.merge_iteration_records(records)
+        self.assertEqual(job["iteration"], 4)
+        self.assertEqual(job["ranks"], [0, 1, 2])
+        self.assertEqual(job["time_s"], 1.2)
+        self.assertEqual(job["energy_j"], 600)
+        self.assertAlmostEqual(job["avg_power_per_gpu_w"], 600 / (1.2 * 3))
+        self.assertEqual(job["stage_busy_time_s"], [0.9, 0.5])
+        self.assertEqual(job["notes"], [])
+        records[0]["energy_j"] = None
+        job = kt.merge_iteration_records(records)
+        self.assertIsNone(job["energy_j"])
+        self.assertIsNone(job["avg_power_per_gpu_w"])
+        self.assertIn("rank(s) 2 have no energy", job["notes"][0])
+        with self.assertRaises(ValueError):
+            kt.merge_iteration_records(records + [dict(records[1], rank=7, iteration=5)])
+        with self.assertRaises(ValueError):
+            kt.merge_iteration_records(records + [records[1]])
+        with self.assertWarns(RuntimeWarning):
+            shared = kt.merge_iteration_records([rec(0, 0, 1, 1, 1, "a"), rec(1, 0, 1, 1, 1, "a")])
+        self.assertIn("same GPU a", shared["notes"][0])
+
+        # Through a real process group (gloo, one process): the same figures.
+        import torch.distributed as dist
+
+        store = os.path.join(ARGS.workdir, "pg_store")
+        if os.path.exists(store):
+            os.remove(store)
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+        try:
+            one = rec(0, 0, 1.5, 90, 1.0, "a")
+            job = kt.aggregate_iteration(one)
+            self.assertEqual(job, kt.merge_iteration_records([one]))
+            self.assertEqual((job["time_s"], job["energy_j"], job["stage_busy_time_s"]),
+                             (1.5, 90, [1.0]))
+        finally:
+            dist.destroy_process_group()
+
+
 class ScheduleTest(unittest.TestCase):
     def test_schedule_order_is_the_cpp_schedule(self):
         import kareus
@@ -362,11 +531,11 @@ class DocTest(unittest.TestCase):
         import kareus
         import kareus.torch as kt
 
-        for name in ("Plan", "Controller", "Hooks", "Instruction", "Partition", "MixEntry",
-                     "Error", "OrderError", "InvalidInputError"):
+        for name in ("Plan", "Controller", "Monitor", "Hooks", "Instruction", "Partition",
+                     "MixEntry", "Error", "OrderError", "InvalidInputError"):
             self.assertTrue(getattr(kareus, name).__doc__, name)
         for name in ("PipelineHooks", "NanoBatchedStack", "TPTransformerLayer",
-                     "InstructionSettings"):
+                     "InstructionSettings", "aggregate_iteration", "merge_iteration_records"):
             self.assertTrue(getattr(kt, name).__doc__, name)
         self.assertTrue(kareus.__doc__)
 

@@ -700,5 +700,157 @@ TEST(CApiMoe, CopyEngineSettingsReachTheRuntimeOnlyWhereAllowed) {
       << err;
 }
 
+TEST_F(CApi, MonitorTimesEveryInstructionThroughTheHooks) {
+  test::FakeNvmlEnv env;
+  env.set("KAREUS_FAKE_NVML_ENERGY_MJ", "2000000,2300000,2400000,2450000");  // 300 J, then 50 J
+  const std::string out = env.dir().file("rank2.jsonl");
+  kareus_plan* p = open(2);  // stage 1
+  kareus_plan* other = open(0);
+  ASSERT_TRUE(p && other);
+  kareus_monitor_options o{};
+  o.rank = 2;
+  o.stage = 1;
+  o.nvml_library = env.library().c_str();
+  o.out_path = out.c_str();
+  o.plan = other;                // any handle of the plan
+  o.tokens_per_iteration = 256;  // 2 x 32 x 4: micro-batch x sequence x micro-batches
+  kareus_monitor* m = nullptr;
+  kareus_monitor_options wrong = o;
+  wrong.stage = 0;
+  EXPECT_EQ(kareus_monitor_create(&wrong, &m), KAREUS_ERR_ARGUMENT);
+  EXPECT_NE(std::string(kareus_last_error()).find("rank 2 is in stage 1"), std::string::npos)
+      << kareus_last_error();
+  EXPECT_EQ(m, nullptr);
+  wrong = o;
+  wrong.gpu_uuid = "GPU-nope";
+  EXPECT_EQ(kareus_monitor_create(&wrong, &m), KAREUS_ERR_INVALID_INPUT);
+  EXPECT_NE(std::string(kareus_last_error()).find("GPU-nope"), std::string::npos);
+  ASSERT_EQ(kareus_monitor_create(&o, &m), KAREUS_OK) << kareus_last_error();
+  int available = 0;
+  ASSERT_EQ(kareus_monitor_energy_available(m, &available, nullptr), KAREUS_OK);
+  EXPECT_EQ(available, 1);
+
+  EXPECT_EQ(kareus_plan_attach_monitor(other, m), KAREUS_ERR_ARGUMENT) << "rank 0's handle";
+  ASSERT_EQ(kareus_plan_attach_monitor(p, m), KAREUS_OK) << kareus_last_error();
+  const auto& ins = plan_json()["stages"][1]["instructions"];
+  auto kind_of = [](const nlohmann::json& in) {
+    return in["instruction"] == "forward" ? KAREUS_FORWARD : KAREUS_BACKWARD;
+  };
+  // Outside an iteration the hook fails and changes nothing.
+  EXPECT_EQ(kareus_instruction_begin_chunk(p, kind_of(ins[0]), 0, ins[0]["microbatch"].get<int>()),
+            KAREUS_ERR_STATE);
+  EXPECT_NE(std::string(kareus_last_error()).find("begin_iteration"), std::string::npos)
+      << kareus_last_error();
+  int next = -1, is_open = -1;
+  ASSERT_EQ(kareus_plan_position(p, &next, &is_open), KAREUS_OK);
+  EXPECT_EQ(std::pair(next, is_open), std::pair(0, 0));
+
+  const double expected_j[] = {300, 50};
+  for (int iteration = 0; iteration < 2; ++iteration) {
+    ASSERT_EQ(kareus_monitor_begin_iteration(m), KAREUS_OK) << kareus_last_error();
+    for (const auto& in : ins) {
+      const int mb = in["microbatch"].get<int>();
+      ASSERT_EQ(kareus_instruction_begin_chunk(p, kind_of(in), 0, mb), KAREUS_OK)
+          << kareus_last_error();
+      ASSERT_EQ(kareus_instruction_end_chunk(p, kind_of(in), 0, mb), KAREUS_OK)
+          << kareus_last_error();
+    }
+    kareus_iteration_record r;
+    ASSERT_EQ(kareus_monitor_end_iteration(m, &r), KAREUS_OK) << kareus_last_error();
+    EXPECT_EQ(r.iteration, iteration);
+    EXPECT_EQ(std::pair(r.rank, r.stage), std::pair(2, 1));
+    EXPECT_EQ(static_cast<std::size_t>(r.instructions), ins.size());
+    ASSERT_EQ(r.has_energy, 1) << r.note;
+    EXPECT_DOUBLE_EQ(r.energy_j, expected_j[iteration]);
+    EXPECT_DOUBLE_EQ(r.avg_power_w, expected_j[iteration] / r.time_s);
+    EXPECT_LE(r.busy_time_s, r.time_s);
+    EXPECT_GT(r.busy_time_s, 0);
+    EXPECT_STREQ(r.note, "");
+    const auto j = nlohmann::json::parse(r.json);
+    EXPECT_EQ(j["record"], "iteration");
+    EXPECT_DOUBLE_EQ(j["busy_time_s"].get<double>(), r.busy_time_s);
+  }
+  const char* text = nullptr;
+  ASSERT_EQ(kareus_monitor_summary_json(m, &text), KAREUS_OK);
+  const auto sum = nlohmann::json::parse(text);
+  const double predicted = test::plan_gpu_energy_j(plan_json(), 1);
+  EXPECT_EQ(sum["iterations"], 2);
+  EXPECT_EQ(sum["instructions"].get<std::size_t>(), 2 * ins.size());
+  EXPECT_DOUBLE_EQ(sum["energy_per_iteration_j"].get<double>(), 175);
+  EXPECT_DOUBLE_EQ(sum["energy_per_token_j"].get<double>(), 175.0 / 256);
+  EXPECT_EQ(sum["prediction"]["source"], plan_path());
+  EXPECT_DOUBLE_EQ(sum["prediction"]["iteration_time_s"].get<double>(),
+                   plan_json()["iteration_time_s"].get<double>());
+  EXPECT_NEAR(sum["prediction"]["energy_per_iteration_j"].get<double>(), predicted,
+              1e-9 * predicted);
+  EXPECT_NEAR(sum["error"]["energy_per_iteration"].get<double>(), 175 / predicted - 1, 1e-9);
+  int count = 0;
+  ASSERT_EQ(kareus_monitor_record_count(m, &count), KAREUS_OK);
+  EXPECT_EQ(count, 2);
+  ASSERT_EQ(kareus_monitor_record_json(m, 1, &text), KAREUS_OK);
+  EXPECT_EQ(nlohmann::json::parse(text)["iteration"], 1);
+  EXPECT_EQ(kareus_monitor_record_json(m, 2, &text), KAREUS_ERR_ARGUMENT);
+  EXPECT_EQ(kareus_monitor_end_iteration(m, nullptr), KAREUS_ERR_STATE);
+  // An aborted iteration: resetting the hooks drops the open instruction from the monitor too.
+  ASSERT_EQ(kareus_monitor_begin_iteration(m), KAREUS_OK);
+  ASSERT_EQ(kareus_instruction_begin_chunk(p, kind_of(ins[0]), 0, ins[0]["microbatch"].get<int>()),
+            KAREUS_OK);
+  EXPECT_EQ(kareus_monitor_end_iteration(m, nullptr), KAREUS_ERR_STATE) << "an instruction is open";
+  ASSERT_EQ(kareus_plan_reset_position(p), KAREUS_OK);
+  kareus_iteration_record aborted;
+  ASSERT_EQ(kareus_monitor_end_iteration(m, &aborted), KAREUS_OK) << kareus_last_error();
+  EXPECT_EQ(aborted.instructions, 0);
+  EXPECT_EQ(aborted.busy_time_s, 0);
+
+  // Destroying the monitor writes the summary and detaches it: the hooks run without it.
+  kareus_monitor_destroy(m);
+  EXPECT_EQ(kareus_instruction_begin_chunk(p, kind_of(ins[0]), 0, ins[0]["microbatch"].get<int>()),
+            KAREUS_OK)
+      << kareus_last_error();
+  kareus_plan_close(p);
+  kareus_plan_close(other);
+  std::vector<std::string> records;
+  std::istringstream in(test::read_file(out));
+  for (std::string line; std::getline(in, line);) {
+    records.push_back(nlohmann::json::parse(line)["record"]);
+  }
+  EXPECT_EQ(records, (std::vector<std::string>{"iteration", "iteration", "iteration", "summary"}));
+}
+
+TEST_F(CApi, MonitorWithoutNvmlRecordsTimesOnly) {
+  kareus_monitor_options o{};
+  o.times_only = 1;
+  kareus_monitor* m = nullptr;
+  ASSERT_EQ(kareus_monitor_create(&o, &m), KAREUS_OK) << kareus_last_error();
+  int available = 1;
+  const char* reason = nullptr;
+  ASSERT_EQ(kareus_monitor_energy_available(m, &available, &reason), KAREUS_OK);
+  EXPECT_EQ(available, 0);
+  EXPECT_NE(std::string(reason).find("nvml = false"), std::string::npos) << reason;
+  ASSERT_EQ(kareus_monitor_begin_iteration(m), KAREUS_OK);
+  EXPECT_EQ(kareus_monitor_begin_iteration(m), KAREUS_ERR_STATE);
+  ASSERT_EQ(kareus_monitor_begin_instruction(m, KAREUS_BACKWARD, 0, 3), KAREUS_OK);
+  EXPECT_EQ(kareus_monitor_end_instruction(m, KAREUS_BACKWARD, 0, 2), KAREUS_ERR_STATE);
+  EXPECT_EQ(kareus_monitor_end_instruction(m, 7, 0, 3), KAREUS_ERR_ARGUMENT);
+  ASSERT_EQ(kareus_monitor_end_instruction(m, KAREUS_BACKWARD, 0, 3), KAREUS_OK);
+  kareus_iteration_record r;
+  ASSERT_EQ(kareus_monitor_end_iteration(m, &r), KAREUS_OK);
+  EXPECT_EQ(r.has_energy, 0);
+  EXPECT_EQ(r.energy_j, 0);
+  EXPECT_EQ(r.instructions, 1);
+  EXPECT_EQ(std::string(r.note).rfind("times only: ", 0), 0u) << r.note;
+  EXPECT_TRUE(nlohmann::json::parse(r.json)["energy_j"].is_null());
+  ASSERT_EQ(kareus_monitor_close(m), KAREUS_OK);
+  EXPECT_EQ(kareus_monitor_begin_iteration(m), KAREUS_ERR_STATE);
+  int count = 0;
+  ASSERT_EQ(kareus_monitor_record_count(m, &count), KAREUS_OK);
+  EXPECT_EQ(count, 2) << "the iteration and the summary";
+  kareus_monitor_destroy(m);
+  kareus_monitor_destroy(nullptr);
+  o.tokens_per_iteration = -1;
+  EXPECT_EQ(kareus_monitor_create(&o, &m), KAREUS_ERR_ARGUMENT);
+  EXPECT_EQ(kareus_monitor_create(nullptr, &m), KAREUS_ERR_ARGUMENT);
+}
+
 }  // namespace
 }  // namespace kareus

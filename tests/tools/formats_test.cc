@@ -5,6 +5,7 @@
 // NAME (a plan inside frontier --json). This test runs the real binary on small inputs and checks
 // that the documented key paths are exactly the emitted ones, recursively; a row whose meaning
 // starts with "Only" may be absent from these runs (it appears only with some flags).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -14,6 +15,9 @@
 #include <set>
 #include <sstream>
 
+#include "fakes/fake_nvml_util.h"
+#include "kareus/monitor.h"
+#include "kareus/plan.h"
 #include "test_util.h"
 
 namespace kareus {
@@ -252,6 +256,51 @@ TEST(Formats, DocumentedKeysAreExactlyTheEmittedOnes) {
   c.add("plan show --json", run_json("plan show " + tmp.file("re.json") + " --json"));
   c.add("plan --json", run_json("plan --from " + fj + " --deadline 0.5 --stage-slowdown 1=1.5" +
                                 " --json --out " + tmp.file("re2.json")));
+  c.verify();
+}
+
+TEST(Formats, MonitorRecordsAndMergeAreDocumentedKeyByKey) {
+  test::FakeNvmlEnv env;
+  env.set("KAREUS_FAKE_NVML_ENERGY_MJ", "5000000,1000,3000,3500,9000,9100,9800,12000");
+  KeyChecker c(documented_tables());
+  test::TempDir tmp;
+  const std::string wl = test::source_path("tests/runtime/data/tiny_tp2_pp2.yaml");
+  const std::string plan = tmp.file("plan.json");
+  ASSERT_EQ(test::run_cli("plan " + wl + " --max-throughput --quiet --out " + plan).exit_code, 0);
+  // Rank 0 with energy, a plan, tokens and per-instruction records (the first iteration's
+  // counter goes down: a note); rank 1 times only.
+  for (const int rank : {0, 1}) {
+    runtime::MonitorOptions o;
+    o.rank = rank;
+    o.nvml = rank == 0;
+    o.nvml_library = env.library();
+    o.per_instruction = true;
+    o.out_path = tmp.file(fmt::format("rank{}.jsonl", rank));
+    if (rank == 0) {
+      o.prediction = runtime::MonitorPrediction::from_plan(load_plan(plan), 0, plan);
+      o.tokens_per_iteration = 256;
+    }
+    runtime::EnergyMonitor m(o);
+    for (int i = 0; i < 2; ++i) {
+      m.begin_iteration();
+      m.begin_instruction(InstructionKind::kForward, 0);
+      m.end_instruction(InstructionKind::kForward, 0);
+      m.end_iteration();
+    }
+    m.close();
+    const std::map<std::string, std::string> tables = {
+        {"iteration", "monitor iteration record"},
+        {"instruction", "monitor instruction record"},
+        {"summary", "monitor summary record"}};
+    for (const auto& line : m.records()) {
+      const auto j = nlohmann::json::parse(line);
+      c.add(tables.at(j["record"]), j);
+    }
+  }
+  const std::string files = tmp.file("rank0.jsonl") + " " + tmp.file("rank1.jsonl");
+  c.add("monitor merge --json", run_json("monitor merge " + files + " --json"));
+  c.add("monitor merge --json",
+        run_json("monitor merge " + files + " --json --plan " + plan + " --workload " + wl));
   c.verify();
 }
 

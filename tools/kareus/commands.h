@@ -18,5 +18,6 @@ void register_frontier(CLI::App& app, Action& action);
 void register_plan(CLI::App& app, Action& action);
 void register_optimize(CLI::App& app, Action& action);
 void register_eval(CLI::App& app, Action& action);
+void register_monitor(CLI::App& app, Action& action);
 
 }  // namespace kareus::cli

@@ -32,6 +32,7 @@ int run(int argc, char** argv) {
   kareus::cli::register_eval(app, action);
   kareus::cli::register_emulate(app, action);
   kareus::cli::register_calibrate(app, action);
+  kareus::cli::register_monitor(app, action);
 
   try {
     app.parse(argc, argv);
