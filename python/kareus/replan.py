@@ -5,9 +5,10 @@ A plan is a prediction made before training; a run lasts weeks. Every iteration 
 hooks, the slowest rank of the stage; :func:`kareus.torch.aggregate_iteration` gathers it over
 the job's own process group). The rule compares each stage against the plan's prediction for it,
 relative to the same ratio in the first iterations (the job's own calibration: the prediction's
-absolute error does not trigger anything, a change does). When a stage's slowdown differs from
-the one the current plan assumes by more than ``threshold`` for ``k`` iterations in a row, the
-rule asks for a re-plan with the slowdown measured over those iterations; :func:`replan` runs
+absolute error does not trigger anything, a change does) and to the least slowed stage (a
+straggler is slower than the rest of the job; the whole job running slower changes no slack). When a stage's slowdown differs from
+the one the current plan assumes by more than ``threshold``, on the same side, for ``k``
+iterations in a row, the rule asks for a re-plan with that stage's median over those iterations; :func:`replan` runs
 ``kareus plan --from FRONTIER --stage-slowdown S=F ...`` (an argument vector, never a shell),
 which re-reads the stored frontier with that stage stretched and picks the goal's cheapest plan
 (Perseus's straggler insight: the other stages may slow down where they wait).
@@ -94,8 +95,10 @@ class StragglerRule:
     k: int = DEFAULT_K
     warmup: int = DEFAULT_WARMUP
     applied: List[float] = field(default_factory=list)  # the slowdown the current plan assumes
+    #: (iteration, per-stage slowdown estimate) of every iteration after the warm-up.
+    history: List[Any] = field(default_factory=list)
     _reference: List[List[float]] = field(default_factory=list)
-    _recent: List[List[float]] = field(default_factory=list)
+    _streak: List[List[Any]] = field(default_factory=list)
     _seen: int = 0
 
     def __post_init__(self) -> None:
@@ -103,6 +106,7 @@ class StragglerRule:
             raise ValueError("StragglerRule: stages, k and warmup must be >= 1, threshold > 0")
         if not self.applied:
             self.applied = [1.0] * self.stages
+        self._streak = [[] for _ in range(self.stages)]
 
     @property
     def reference(self) -> Optional[List[float]]:
@@ -124,18 +128,31 @@ class StragglerRule:
             self._reference.append(ratio)
             return None
         slowdown = [r / ref[s] for s, r in enumerate(ratio)]
-        drifted = any(abs(x / a - 1) > self.threshold for x, a in zip(slowdown, self.applied))
-        if not drifted:
-            self._recent.clear()
+        # Relative to the job's least slowed stage: a straggler is a stage slower than the rest.
+        # A slowdown of the whole job (a shared host, the network) leaves every stage's slack as
+        # it was, so it asks for no re-plan, and it is also most of the iteration-to-iteration
+        # noise, which this cancels.
+        least = min(slowdown)
+        slowdown = [x / least for x in slowdown]
+        self.history.append((iteration, slowdown))
+        # Per stage, a streak of iterations off the current plan's slowdown on the same side: a
+        # noisy iteration of one stage and then of another is not a drift.
+        for s, (x, a) in enumerate(zip(slowdown, self.applied)):
+            side = 1 if x > a * (1 + self.threshold) else -1 if x < a * (1 - self.threshold) else 0
+            if side == 0 or (self._streak[s] and self._streak[s][-1][0] != side):
+                self._streak[s] = []
+            if side != 0:
+                self._streak[s].append((side, x))
+        due = [s for s in range(self.stages) if len(self._streak[s]) >= self.k]
+        if not due:
             return None
-        self._recent.append(slowdown)
-        if len(self._recent) < self.k:
-            return None
-        est = [statistics.median(r[s] for r in self._recent) for s in range(self.stages)]
+        est = list(self.applied)
+        for s in due:
+            est[s] = statistics.median(x for _, x in self._streak[s][-self.k:])
         # A stage within the threshold of its modelled speed runs as planned; a re-plan is for
-        # slower stages only (a faster one than modelled is left to the next calibration).
+        # slower stages only (one faster than modelled is left to the next calibration).
         est = [1.0 if x < 1 + self.threshold else round(x, 4) for x in est]
-        self._recent.clear()
+        self._streak = [[] for _ in range(self.stages)]
         if all(abs(x / a - 1) <= self.threshold for x, a in zip(est, self.applied)):
             return None
         reason = ", ".join(f"stage {s} at {x:.3f}x" for s, x in enumerate(est) if x != 1.0)

@@ -4,18 +4,19 @@
 Four processes (gloo) run 20 iterations of the pipeline schedule of
 tests/runtime/data/closed_loop_tp2_pp2.yaml with the max-throughput plan of its frontier
 (`kareus optimize`, then `kareus plan --from`). Each instruction stands in for the GPU's work
-by sleeping the plan's predicted time for it (x a fixed scale) and then all-reduces over its TP
+by sleeping the plan's predicted time for it (x a fixed scale), then all-reduces over its TP
 group; activations and gradients travel between the stages with send/recv outside the
-instructions, as real schedules do. From iteration 8 rank 3 (stage 1) sleeps 1.3x as long: its
-TP partner waits for it in the all-reduce, so stage 1 as a whole straggles. Every rank times
+instructions, as real schedules do. From iteration 8 rank 3 (stage 1) sleeps 1.5x as long: its
+TP partner waits for it in the all-reduce, so stage 1 as a whole straggles (its time is its
+slowest rank's). Every rank times
 its instructions with kareus.Monitor (through kareus.Hooks), on the fake NVML with a scripted
 energy counter, and runs kareus.replan.ClosedLoop on the job's aggregated figures
 (kareus.torch.aggregate_iteration).
 
 Checks:
   - exactly one re-plan, decided within k iterations of the slowdown's start, with stage 1's
-    slowdown measured within 1.2..1.35 and stage 0's at 1; every rank switched at the same
-    iteration;
+    slowdown measured within 1.3..1.6 and stage 0's at 1 (threshold 10%: this host's noise);
+    every rank switched at the same iteration;
   - each rank's dry-run controller log holds its stage's clock sequence of the first plan for
     the iterations before the switch and of the new plan after it (repeats collapsed), then a
     reset;
@@ -40,8 +41,11 @@ import time
 ITERATIONS = 20
 SLOW_FROM = 8
 SLOW_RANK = 3
-SLOW_FACTOR = 1.3
-MEAN_SLEEP_S = 0.004  # per instruction, on average
+SLOW_FACTOR = 1.5
+#: The rule's threshold here: this shared 2-core host's iteration times scatter by up to 5% (GPUs
+#: repeat to about 1%, where the default 5% applies).
+THRESHOLD = 0.1
+MEAN_SLEEP_S = 0.025  # per instruction, on average: well above gloo's all-reduce latency
 BUDGET_S = 110.0
 
 
@@ -81,10 +85,10 @@ def rank_main(args) -> None:
     ctl = kareus.Controller(gpu_index=0, dry_run=True,
                             log_path=os.path.join(args.workdir, f"controller{rank}.jsonl"))
     mon = kareus.Monitor(rank, stage, path=os.path.join(args.workdir, f"monitor{rank}.jsonl"),
-                         gpu_index=0, nvml_library=args.fake_nvml)
+                         gpu_index=rank, nvml_library=args.fake_nvml)
     hooks = kareus.Hooks(plan, rank, ctl, mon)
     loop = ClosedLoop(args.plan, args.frontier, {"max_throughput": True}, rank, args.workdir,
-                      cli=args.kareus)
+                      threshold=THRESHOLD, cli=args.kareus)
     order = kareus.schedule_order(pp, 1, mbs, stage)
     slowdown_of_plan = [1.0] * pp
     switched, busy = [], []
@@ -99,12 +103,18 @@ def rank_main(args) -> None:
             if 0 <= src < pp:
                 buf = torch.empty(64)
                 dist.recv(buf, src=peer[src], tag=2 * mb + (0 if fwd else 1))
+            # TP partners start together (on GPUs the collective's stream order does this): the
+            # skew of their receives is not the instruction's time.
+            dist.barrier(group=groups[stage])
             hooks.on_instruction_begin(kind, mb)
             t = by_key[(kind, mb)].time_s / slowdown_of_plan[stage]
             slow = SLOW_FACTOR if rank == SLOW_RANK and it >= SLOW_FROM else 1.0
             time.sleep(scale * t * slow)
-            dist.all_reduce(x, group=groups[stage])
             hooks.on_instruction_end(kind, mb)
+            # The TP collective after the window: gloo's waits keep a core busy, which on two
+            # cores would slow the sleeps of other ranks; the stage's time is the slowest rank's
+            # (aggregate_iteration's max), which shows the straggler.
+            dist.all_reduce(x, group=groups[stage])
             dst = stage + 1 if fwd else stage - 1
             if 0 <= dst < pp:
                 pending.append(dist.isend(x.clone(), dst=peer[dst], tag=2 * mb + (0 if fwd else 1)))
@@ -124,6 +134,7 @@ def rank_main(args) -> None:
     ctl.stop()
     with open(os.path.join(args.workdir, f"rank{rank}.json"), "w") as f:
         json.dump({"switched": switched, "replans": loop.replans, "busy": busy,
+                   "estimates": loop.rule.history,
                    "records": mon.records}, f)
     dist.destroy_process_group()
 
@@ -178,6 +189,7 @@ def driver(args) -> None:
     procs = []
     for rank in range(world):
         env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
+                   KAREUS_FAKE_NVML_DEVICES=str(world),
                    KAREUS_FAKE_NVML_ENERGY_MJ=scripted_counter(rank, 2 * ITERATIONS))
         procs.append(subprocess.Popen(
             [sys.executable, __file__, "--rank", str(rank), "--world", str(world), "--plan", plan,
@@ -209,8 +221,8 @@ def driver(args) -> None:
     if not SLOW_FROM <= rp["iteration"] <= SLOW_FROM + k - 1:
         fail(f"re-planned at iteration {rp['iteration']}, want {SLOW_FROM}..{SLOW_FROM + k - 1}")
     factor = rp["stage_slowdown"]
-    if factor[0] != 1.0 or not 1.2 <= factor[1] <= 1.35:
-        fail(f"measured slowdown {factor}: want stage 0 at 1, stage 1 in 1.2..1.35")
+    if factor[0] != 1.0 or not 1.3 <= factor[1] <= 1.6:
+        fail(f"measured slowdown {factor}: want stage 0 at 1, stage 1 in 1.3..1.6 (slept 1.5x)")
     switch_at = switches[0][0]
     print(f"re-plan at iteration {rp['iteration']} ({rp['reason']}), every rank switched at "
           f"{switch_at}; re-plan took {rp['result']['replan']['seconds']:.3f} s", flush=True)
@@ -256,7 +268,7 @@ def driver(args) -> None:
     if r.returncode != 0:
         fail(f"kareus monitor merge exited {r.returncode}: {r.stderr}")
     merged = json.loads(r.stdout)
-    total = merged["totals"]["energy_j"]
+    total = merged["total"]["energy_j"]
     if abs(total - 4000.0) > 1e-6:
         fail(f"monitor merge: job energy {total} J, want 4000 J")
     print(f"monitor: per-rank energies match the scripted counter; merged job energy {total} J "
