@@ -20,6 +20,8 @@ Classes: :class:`Plan`, :class:`Instruction`, :class:`Partition`, :class:`MixEnt
 the C++ pipeline schedule (synchronous or interleaved 1F1B); instructions are named by
 (kind, chunk, microbatch), and the hooks take ``chunk=`` on an interleaved plan.
 ``kareus.torch`` holds the PyTorch side (hooks object for a schedule, nano-batched TP layers).
+``kareus.replan`` closes the loop in a running job: a straggler rule on the monitor's per-stage
+times and a re-plan from the stored frontier (``kareus plan --from ... --stage-slowdown``).
 See docs/runtime.md.
 """
 
