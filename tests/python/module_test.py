@@ -455,6 +455,47 @@ class MonitorTest(unittest.TestCase):
             dist.destroy_process_group()
 
 
+class StragglerRuleTest(unittest.TestCase):
+    """kareus.replan.StragglerRule on hand-made busy times (predicted 1 s and 2 s per stage)."""
+
+    def feed(self, rule, rows):
+        out = []
+        for it, busy in enumerate(rows):
+            d = rule.observe(it, busy, [1.0, 2.0])
+            if d is not None:
+                out.append((it, d.stage_slowdown))
+        return out
+
+    def test_decides_after_k_iterations_with_the_median(self):
+        from kareus.replan import StragglerRule
+        # Iteration 0 skipped; 1..3 the reference (ratios 1.1 and 1.0: the prediction's own
+        # error is no drift); stage 1 then runs 1.3x, 1.2x, 1.25x of its reference.
+        rows = [[9, 9], [1.1, 2.0], [1.1, 2.0], [1.1, 2.0], [1.1, 2.0],
+                [1.1, 2.6], [1.1, 2.4], [1.1, 2.5], [1.1, 2.5]]
+        got = self.feed(StragglerRule(2, threshold=0.05, k=3, warmup=3), rows)
+        self.assertEqual(got, [(7, [1.0, 1.25])])
+
+    def test_noise_and_whole_job_slowdowns_are_not_stragglers(self):
+        from kareus.replan import StragglerRule
+        # One noisy iteration per stage in turn, then the whole job 20% slower: no re-plan.
+        rows = [[1, 2]] * 4 + [[1.3, 2], [1, 2.6], [1.3, 2], [1, 2.6]] + [[1.2, 2.4]] * 5
+        self.assertEqual(self.feed(StragglerRule(2, k=3), rows), [])
+
+    def test_recovery_goes_back_to_the_modelled_speed(self):
+        from kareus.replan import StragglerRule
+        rule = StragglerRule(2, k=2, warmup=1, applied=[1.0, 1.5])
+        # The plan assumes stage 1 at 1.5x; it runs at its reference again: back to 1.
+        got = self.feed(rule, [[9, 9], [1, 2], [1, 2], [1, 2]])
+        self.assertEqual(got, [(3, [1.0, 1.0])])
+
+    def test_predicted_busy_divides_the_plans_slowdown(self):
+        from kareus.replan import predicted_stage_busy_s
+        plan = {"stage_slowdown": [1.0, 1.5], "stages": [
+            {"instructions": [{"time_s": 0.5}, {"time_s": 0.25}]},
+            {"instructions": [{"time_s": 1.5}, {"time_s": 3.0}]}]}
+        self.assertEqual(predicted_stage_busy_s(plan), [0.75, 3.0])
+
+
 class ScheduleTest(unittest.TestCase):
     def test_schedule_order_is_the_cpp_schedule(self):
         import kareus
