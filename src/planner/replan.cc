@@ -126,13 +126,17 @@ int next_cheaper(const DagNode& n, int current) {
 // whole run moves without adding a switch.
 std::vector<int> lower_run(const MethodFrontier& f, const std::vector<int>& nodes, std::size_t b,
                            std::size_t e, int freq_mhz) {
-  int target = 0;
+  // The highest clock of the run's first node below `mhz`; 0: none.
   const auto& first = f.node_options(static_cast<std::size_t>(nodes[b]));
-  for (const auto& o : first) {
-    if (o.freq_mhz < freq_mhz && o.freq_mhz > target) target = o.freq_mhz;
-  }
+  auto clock_below = [&first](int mhz) {
+    int below = 0;
+    for (const auto& o : first) {
+      if (o.freq_mhz < mhz && o.freq_mhz > below) below = o.freq_mhz;
+    }
+    return below;
+  };
   std::vector<int> picks;
-  while (target > 0) {
+  for (int target = clock_below(freq_mhz); target > 0; target = clock_below(target)) {
     picks.clear();
     for (std::size_t k = b; k < e; ++k) {
       const auto v = static_cast<std::size_t>(nodes[k]);
@@ -148,13 +152,7 @@ std::vector<int> lower_run(const MethodFrontier& f, const std::vector<int>& node
       if (best < 0) break;
       picks.push_back(best);
     }
-    if (picks.size() == e - b) return picks;
-    // Some node lacks this clock: try the next lower one.
-    int next = 0;
-    for (const auto& o : first) {
-      if (o.freq_mhz < target && o.freq_mhz > next) next = o.freq_mhz;
-    }
-    target = next;
+    if (picks.size() == e - b) return picks;  // else some node lacks it: the next lower clock
   }
   return {};
 }
