@@ -3,6 +3,7 @@
 // way XGBoost's Python package sits on its C API, so that both bindings share one implementation of
 // the plan checks and of the hook order. A failing C call becomes a Python exception of the class
 // that matches its status code, carrying the library's message (file, field, what is allowed).
+#include <dlfcn.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <unistd.h>
@@ -31,6 +32,27 @@ struct CallError {
 void check(int status) {
   if (status != KAREUS_OK) throw CallError{status, kareus_last_error()};
 }
+
+/// `name` (kareus, kareus-freqd) as shipped with this module: an installed package keeps them in
+/// bin/ next to the module file (python/CMakeLists.txt), the build tree where they were built
+/// (`build_path`, empty in a wheel). "" when neither is an executable.
+std::string bundled_binary(const char* name, const char* build_path) {
+  static const int kAnchor = 0;  // any address inside this shared object
+  Dl_info info{};
+  if (dladdr(&kAnchor, &info) != 0 && info.dli_fname != nullptr) {
+    std::string path = info.dli_fname;
+    path = path.substr(0, path.find_last_of('/') + 1) + "bin/" + name;
+    if (access(path.c_str(), X_OK) == 0) return path;
+  }
+  return access(build_path, X_OK) == 0 ? build_path : "";
+}
+
+#ifndef KAREUS_FREQD_BUILD_PATH
+#define KAREUS_FREQD_BUILD_PATH ""
+#endif
+#ifndef KAREUS_CLI_BUILD_PATH
+#define KAREUS_CLI_BUILD_PATH ""
+#endif
 
 const char* kind_name(int kind) { return kind == KAREUS_FORWARD ? "forward" : "backward"; }
 
@@ -272,15 +294,12 @@ class Controller {
              bool coalesce, std::optional<std::string> gpu_uuid,
              std::optional<std::string> pci_bus_id) {
     std::string exe = executable.value_or("");
-#ifdef KAREUS_FREQD_BUILD_PATH
-    // From the build tree the binary is not next to python3: use the one built with this module
-    // unless the caller or $KAREUS_FREQD names another.
+    // The binary is not next to python3: use the one shipped with this module unless the caller
+    // or $KAREUS_FREQD names another.
     const char* env = std::getenv("KAREUS_FREQD");
-    if (exe.empty() && (env == nullptr || *env == '\0') &&
-        access(KAREUS_FREQD_BUILD_PATH, X_OK) == 0) {
-      exe = KAREUS_FREQD_BUILD_PATH;
+    if (exe.empty() && (env == nullptr || *env == '\0')) {
+      exe = bundled_binary("kareus-freqd", KAREUS_FREQD_BUILD_PATH);
     }
-#endif
     kareus_controller_options o{};
     o.gpu_index = gpu_index;
     o.dry_run = dry_run ? 1 : 0;
@@ -540,11 +559,7 @@ PYBIND11_MODULE(_core, m) {
   m.attr("PLAN_FORMAT_VERSION") = kareus_plan_format_version();
   m.attr("__version__") = kareus_version();
 
-#ifdef KAREUS_CLI_BUILD_PATH
-  m.attr("cli_build_path") = KAREUS_CLI_BUILD_PATH;
-#else
-  m.attr("cli_build_path") = "";
-#endif
+  m.attr("cli_path") = bundled_binary("kareus", KAREUS_CLI_BUILD_PATH);
   m.def("schedule_order", &schedule_order, py::arg("stages"), py::arg("chunks"),
         py::arg("microbatches"), py::arg("stage"),
         "Stage `stage`'s instructions in execution order as (kind, chunk, microbatch) tuples, "

@@ -41,16 +41,17 @@ DEFAULT_WARMUP = 3
 
 
 def find_cli(cli: Optional[str] = None) -> str:
-    """The `kareus` CLI: ``cli``, else $KAREUS_CLI, else the one built with this module, else PATH."""
+    """The `kareus` CLI: ``cli``, else $KAREUS_CLI, else the one shipped with this module (the
+    package's or the build tree's), else PATH."""
     if cli:
         return cli
     env = os.environ.get("KAREUS_CLI")
     if env:
         return env
     try:
-        from ._core import cli_build_path  # type: ignore[attr-defined]
-        if cli_build_path and os.access(cli_build_path, os.X_OK):
-            return cli_build_path
+        from ._core import cli_path  # type: ignore[attr-defined]
+        if cli_path:
+            return cli_path
     except ImportError:
         pass
     found = shutil.which("kareus")

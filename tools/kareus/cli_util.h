@@ -86,13 +86,12 @@ inline void check_input_file(const std::string& flag, const std::string& path) {
   }
 }
 
-/// A file or folder shipped with Kareus (workloads/, data/): relative to the current
-/// directory when it exists there, else in the source tree the binary was built from.
-inline std::string shipped_path(const std::string& rel) {
-  std::error_code ec;
-  if (std::filesystem::exists(rel, ec)) return rel;
-  return std::string(KAREUS_SOURCE_DIR) + "/" + rel;
-}
+/// A file or folder shipped with Kareus (workloads/, data/), found in the first of:
+/// $KAREUS_DATA_DIR/rel; rel relative to the current directory; <binary>/../share/kareus/rel
+/// (`cmake --install`, the wheel); the source tree, only for a binary still in its build
+/// folder. None has it: the last candidate, so that the caller's check names a path.
+/// (shipped_path.cc)
+std::string shipped_path(const std::string& rel);
 
 /// The line every text output with emulated energies ends with: whether the GPU's power model
 /// is calibrated, and the caveat when it is not.
