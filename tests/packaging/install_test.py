@@ -61,7 +61,7 @@ def cmake_install(args, work):
     empty = os.path.join(work, "elsewhere")
     os.makedirs(empty)
     out = run([kareus, "calibrate", "--no-fit"], cwd=empty)
-    expect("calibrate --no-fit", out, "power model")
+    expect("calibrate --no-fit", out, "rms relative error")
     for f in ("bin/kareus-freqd", "lib/libkareus_c.so", "include/kareus/c_api.h",
               "share/kareus/workloads/paper", "share/kareus/data/calibration"):
         if not os.path.exists(os.path.join(prefix, f)):
