@@ -91,6 +91,9 @@ def pip_install(args, work):
     env = dict(CLEAN_ENV)
     # The release preset's generator: ccache's relative paths then match its objects.
     env["CMAKE_GENERATOR"] = "Unix Makefiles"
+    # And its compilers: scikit-build-core otherwise takes Python's (x86_64-linux-gnu-g++, the
+    # same g++ under another name, which ccache hashes).
+    env["CC"], env["CXX"] = args.cc, args.cxx
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))
     run([os.path.join(venv, "bin", "pip"), "install", "-q", "--disable-pip-version-check",
          copy], env=env)
@@ -119,7 +122,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("mode", choices=["cmake", "pip"])
     ap.add_argument("path", help="cmake: the build folder; pip: the source tree")
-    ap.add_argument("--cc", default="cc", help="cmake: the C compiler")
+    ap.add_argument("--cc", default="cc", help="the C compiler (cmake: of the test program)")
+    ap.add_argument("--cxx", default="c++", help="pip: the C++ compiler")
     ap.add_argument("--cflags", default="", help="cmake: its extra flags (the sanitizers)")
     args = ap.parse_args()
     # Outside the build folder: a binary there may fall back to the source tree's data.
