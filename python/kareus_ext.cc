@@ -512,7 +512,9 @@ PYBIND11_MODULE(_core, m) {
   static py::handle error = PyErr_NewExceptionWithDoc(
       "kareus.Error", "Base of every error of the Kareus runtime.", PyExc_RuntimeError, nullptr);
   auto sub = [&](const char* name, const char* doc, py::handle extra) -> py::handle {
-    py::tuple bases = extra ? py::make_tuple(error, extra) : py::make_tuple(error);
+    // Two statements: pybind11 3 gives make_tuple's results distinct typed-tuple types.
+    py::tuple bases = py::make_tuple(error);
+    if (extra) bases = py::make_tuple(error, extra);
     return PyErr_NewExceptionWithDoc(name, doc, bases.ptr(), nullptr);
   };
   py::handle value_error = PyExc_ValueError;
