@@ -17,10 +17,10 @@ AllReduced in forward). The op lists and slot names are those of Kareus's kernel
 (src/workload/kernel_graph.cc), so that a plan's slot means the same op here and in the planner.
 
 Collectives go through ``torch.distributed`` with ``async_op=True``; on CPU that is gloo, on GPUs
-NCCL. torch 1.13's NCCL process group cannot limit the CTAs (SMs) of one collective or one
-communicator (NCCL reads its CTA variables once per process); see docs/runtime.md. The SM count
-of each partition is handed to ``group_for_sms`` so a job on a newer torch, whose NCCL process
-group options take an ``ncclConfig_t``, can map it to a communicator with matching limits.
+NCCL. The SM count of each partition is handed to ``group_for_sms``; :class:`SmGroups`
+(kareus.comm) maps it to a communicator created with ``min_ctas = max_ctas`` = that count in
+its ``ncclConfig_t`` (torch 2.x). :func:`instrument_stages` (kareus.pipelining) puts the hooks
+into ``torch.distributed.pipelining`` schedules. See docs/runtime.md.
 """
 
 from __future__ import annotations
@@ -34,7 +34,16 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from .comm import SmGroups, nccl_options, plan_sm_counts  # noqa: E402,F401
+from .pipelining import KareusInterleaved1F1B, instrument_stages, kareus_schedule  # noqa: E402,F401
+
 __all__ = [
+    "SmGroups",
+    "nccl_options",
+    "plan_sm_counts",
+    "instrument_stages",
+    "KareusInterleaved1F1B",
+    "kareus_schedule",
     "ModelShape",
     "PartitionChoice",
     "InstructionSettings",
@@ -428,7 +437,9 @@ class ModelShape:
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+    # The mean of squares in fp32: in bf16 its 8-bit mantissa would round the scale itself.
+    scale = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    return (x.float() * scale).to(x.dtype) * weight
 
 
 def _rope_tables(seq: int, dim: int, dtype, device) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -448,17 +459,20 @@ def apply_rope(x: torch.Tensor) -> torch.Tensor:
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal GQA attention: q [b, s, hq, d], k/v [b, s, hkv, d] -> [b, s, hq*d]."""
+    """Causal GQA attention: q [b, s, hq, d], k/v [b, s, hkv, d] -> [b, s, hq*d].
+
+    ``F.scaled_dot_product_attention`` picks FlashAttention-2 (Dao, 2023) or the memory-efficient
+    kernel on GPUs, the kernel the planner's attention op models; K/V heads are repeated for GQA
+    rather than passed with ``enable_gqa`` so that torch before 2.5 runs it too.
+    """
     b, s, hq, d = q.shape
     rep = hq // k.shape[2]
     if rep > 1:
         k = k.repeat_interleave(rep, dim=2)
         v = v.repeat_interleave(rep, dim=2)
-    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    scores = qt @ kt.transpose(-1, -2) / math.sqrt(d)
-    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
-    probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
-    return (probs @ vt).transpose(1, 2).reshape(b, s, hq * d)
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       is_causal=True)
+    return o.transpose(1, 2).reshape(b, s, hq * d)
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
@@ -469,14 +483,16 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 class TPTransformerLayer(nn.Module):
     """One Llama-like decoder layer, sharded Megatron-style over the TP group.
 
-    Parameters are created from the full (unsharded) weights drawn with ``seed``, so every TP
-    layout of the same seed computes the same function. ``forward`` is the plain schedule
+    Each rank draws only its shard (column-parallel QKV/FC1 rows, row-parallel output
+    projection/FC2 columns), row by row from generators seeded by ``seed``, so every TP layout of
+    the same seed computes the same function. ``dtype``: bf16 by default, as trained on GPUs;
+    fp32 for references (the tests). ``forward`` is the plain schedule
     (whole micro-batch, synchronous collectives, autograd); :class:`NanoBatchedStack` runs the
     same parameters nano-batched.
     """
 
     def __init__(self, shape: ModelShape, tp_rank: int, tp_size: int, group, seed: int,
-                 dtype=torch.float32):
+                 dtype=torch.bfloat16):
         super().__init__()
         for name, n in (("heads", shape.heads), ("kv_heads", shape.kv_heads),
                         ("ffn_hidden", shape.ffn_hidden)):
@@ -485,31 +501,36 @@ class TPTransformerLayer(nn.Module):
         self.shape, self.group, self.tp_size = shape, group, tp_size
         h, d, f = shape.hidden, shape.head_dim, shape.ffn_hidden
         self.hq, self.hkv, self.f = shape.heads // tp_size, shape.kv_heads // tp_size, f // tp_size
-        g = torch.Generator().manual_seed(seed)
-
-        def draw(*size, scale):
-            return (torch.randn(*size, generator=g, dtype=torch.float64) * scale).to(dtype)
-
-        wq = draw(shape.heads * d, h, scale=h ** -0.5)
-        wk = draw(shape.kv_heads * d, h, scale=h ** -0.5)
-        wv = draw(shape.kv_heads * d, h, scale=h ** -0.5)
-        wo = draw(h, shape.heads * d, scale=(shape.heads * d) ** -0.5)
-        w_gate = draw(f, h, scale=h ** -0.5)
-        w_up = draw(f, h, scale=h ** -0.5)
-        w2 = draw(h, f, scale=f ** -0.5)
-        norm1 = 1.0 + 0.1 * draw(h, scale=1.0)
-        norm2 = 1.0 + 0.1 * draw(h, scale=1.0)
-
         r = tp_rank
-        qs, ks = slice(r * self.hq * d, (r + 1) * self.hq * d), slice(r * self.hkv * d,
-                                                                     (r + 1) * self.hkv * d)
-        fs = slice(r * self.f, (r + 1) * self.f)
-        self.norm1 = nn.Parameter(norm1.clone())
-        self.wqkv = nn.Parameter(torch.cat([wq[qs], wk[ks], wv[ks]], dim=0).contiguous())
-        self.wo = nn.Parameter(wo[:, qs].contiguous())
-        self.norm2 = nn.Parameter(norm2.clone())
-        self.w1 = nn.Parameter(torch.cat([w_gate[fs], w_up[fs]], dim=0).contiguous())
-        self.w2 = nn.Parameter(w2[:, fs].contiguous())
+
+        # Each row is drawn from its own generator, seeded by (layer seed, tensor, row), so a
+        # rank draws only its shard and every TP layout of one seed computes the same function.
+        def rows(tensor: int, first: int, count: int, cols: int, scale: float) -> torch.Tensor:
+            out = torch.empty(count, cols, dtype=torch.float32)
+            for i in range(count):
+                g = torch.Generator().manual_seed(
+                    (seed * 1_000_003 + tensor * 65_537 + first + i) % (2 ** 62))
+                out[i] = torch.randn(cols, generator=g, dtype=torch.float32) * scale
+            return out
+
+        def norm_weight(tensor: int) -> torch.Tensor:
+            return 1.0 + 0.1 * rows(tensor, 0, 1, h, 1.0)[0]
+
+        hq_d, hkv_d = self.hq * d, self.hkv * d
+        wq = rows(0, r * hq_d, hq_d, h, h ** -0.5)  # column-parallel: output rows of this rank
+        wk = rows(1, r * hkv_d, hkv_d, h, h ** -0.5)
+        wv = rows(2, r * hkv_d, hkv_d, h, h ** -0.5)
+        # Row-parallel: input columns of this rank, drawn as rows of the transpose.
+        wo = rows(3, r * hq_d, hq_d, h, (shape.heads * d) ** -0.5).t()
+        w_gate = rows(4, r * self.f, self.f, h, h ** -0.5)
+        w_up = rows(5, r * self.f, self.f, h, h ** -0.5)
+        w2 = rows(6, r * self.f, self.f, h, f ** -0.5).t()
+        self.norm1 = nn.Parameter(norm_weight(7).to(dtype))
+        self.wqkv = nn.Parameter(torch.cat([wq, wk, wv], dim=0).to(dtype).contiguous())
+        self.wo = nn.Parameter(wo.to(dtype).contiguous())
+        self.norm2 = nn.Parameter(norm_weight(8).to(dtype))
+        self.w1 = nn.Parameter(torch.cat([w_gate, w_up], dim=0).to(dtype).contiguous())
+        self.w2 = nn.Parameter(w2.to(dtype).contiguous())
 
     def params(self) -> List[nn.Parameter]:
         """In the order :class:`NanoBatchedStack` passes them through autograd."""

@@ -87,7 +87,8 @@ def rank_main(args) -> None:
     for c in range(chunks):
         n, first_layer = plan.chunk_layers(stage, c)
         layers = [kt.TPTransformerLayer(shape, tp_rank, tp, tp_group,
-                                        seed=SEED + 1 + first_layer + i) for i in range(n)]
+                                        seed=SEED + 1 + first_layer + i, dtype=torch.float32)
+                  for i in range(n)]
         chunk_layers.append(layers)
         params.update({f"layer{first_layer + i}.{name}": p for i, layer in enumerate(layers)
                        for name, p in layer.named_parameters()})

@@ -41,7 +41,8 @@ def rank_main(rank: int, workdir: str) -> None:
     group = dist.new_group([0, 1])
     shape = kt.ModelShape(layers=2, hidden=32, ffn_hidden=64, heads=4, kv_heads=2, head_dim=8,
                           vocab=16)
-    layers = [kt.TPTransformerLayer(shape, rank, 2, group, seed=7 + i) for i in range(2)]
+    layers = [kt.TPTransformerLayer(shape, rank, 2, group, seed=7 + i,
+                                    dtype=torch.float32) for i in range(2)]
     params = [p for layer in layers for p in layer.params()]
     x0 = torch.randn(4, 12, shape.hidden, generator=torch.Generator().manual_seed(3))
     weight = torch.randn(4, 12, shape.hidden, generator=torch.Generator().manual_seed(4))
