@@ -147,8 +147,21 @@ def rank_main(args) -> None:
     def iteration(bodies, hooks, dtype):
         """One training iteration through torch's pipeline runtime; (losses, grads, actions)."""
         mods = [Stage(c * pp + stage, bodies[c], dtype) for c in range(chunks)]
-        stages = [PipelineStage(m, c * pp + stage, vstages, torch.device("cpu"), group=pp_group)
-                  for c, m in enumerate(mods)]
+        for m in mods:  # the plain and Kareus runs share the layers' parameters
+            for p in m.parameters():
+                p.grad = None
+        # Static shapes: torch's shape inference sends pickled metadata, which needs numpy.
+        mb, seq = w["micro_batch"], w["seq_len"]
+        # requires_grad: what tells the runtime that a gradient flows back across the boundary.
+        act = torch.empty(mb, seq, shape.hidden, dtype=dtype, requires_grad=True)
+
+        def io(vs):
+            inp = torch.zeros(mb, seq, dtype=torch.long) if vs == 0 else act
+            out = torch.empty(mb, seq, shape.vocab) if vs == vstages - 1 else act
+            return inp, out
+
+        stages = [PipelineStage(m, m.vs, vstages, torch.device("cpu"), input_args=io(m.vs)[0],
+                                output_args=io(m.vs)[1], group=pp_group) for m in mods]
         actions = []
         kt.instrument_stages(stages, hooks, record=actions)
         sched = kt.kareus_schedule(stages, mbs, loss_fn=loss_fn, scale_grads=False)
@@ -165,7 +178,7 @@ def rank_main(args) -> None:
                     i = int(key.split(".")[1])
                     key = f"layer{plan.chunk_layers(stage, c)[1] + i}." + key.split(".", 2)[2]
                 grads[f"{key}@vs{m.vs}"] = p.grad.detach().float().clone()
-        return [float(x) for x in losses], grads, actions
+        return [float(x.detach()) for x in losses], grads, actions
 
     fp32 = make_layers(torch.float32)
     plain_losses, plain_grads, plain_actions = iteration(
