@@ -52,7 +52,7 @@ __all__ = [
     "NanoBatchedStack",
     "copy_to_tp",
     "reduce_from_tp",
-    "BLOCK_SLOTS",
+    "KernelGraphBlocks",
     "local_gpu_pci_bus_id",
     "aggregate_iteration",
     "merge_iteration_records",
@@ -94,51 +94,44 @@ def local_gpu_pci_bus_id(device: Optional[int] = None, driver_library: str = "li
     return buf.value.decode()
 
 
-# Compute ops of each block and the slots among them, in execution order. Mirrors
-# src/workload/kernel_graph.cc (TP without sequence or context parallelism): a slot named here is
-# launched right before the op it is attached to.
-_BLOCK_OPS: Dict[str, List[Tuple[str, Optional[str]]]] = {
-    "fwd_attn": [
-        ("residual_add", "norm"),
-        ("rmsnorm", None),
-        ("qkv_gemm", "qkv"),
-        ("rope", "rope"),
-        ("attention", "attn"),
-        ("out_proj", None),
-    ],
-    "fwd_mlp": [
-        ("residual_add", "norm"),
-        ("rmsnorm", None),
-        ("fc1", "linear"),
-        ("swiglu", "activation"),
-        ("fc2", None),
-    ],
-    "bwd_mlp": [
-        ("rmsnorm_bwd", "norm"),
-        ("residual_grad_add", None),
-        ("fc2_dgrad", "linear"),
-        ("fc2_wgrad", None),
-        ("swiglu_bwd", "activation"),
-        ("fc1_dgrad", None),
-        ("fc1_wgrad", None),
-    ],
-    "bwd_attn": [
-        ("rmsnorm_bwd", "norm"),
-        ("residual_grad_add", None),
-        ("out_proj_dgrad", "linear"),
-        ("out_proj_wgrad", None),
-        ("attention_bwd", "attn"),
-        ("rope_bwd", "rope"),
-        ("qkv_dgrad", None),
-        ("qkv_wgrad", None),
-    ],
-}
+class KernelGraphBlocks:
+    """The compute ops and slots of every partition, from Kareus's C++ kernel graph.
 
-#: Slot name -> index of the op it precedes, per partition key.
-BLOCK_SLOTS: Dict[str, Dict[str, int]] = {
-    key: {slot: i for i, (_, slot) in enumerate(ops) if slot is not None}
-    for key, ops in _BLOCK_OPS.items()
-}
+    ``partitions``: ``kareus.workload_partitions(workload_path)`` (the planner's partitions of
+    that workload). A slot names the op before which the other nano-batch's collective is
+    launched; taking ops and slots from the graph, not from a copy here, is what makes a plan's
+    slot mean the same op in the planner and in this executor. The executor's own blocks are
+    checked against these op lists when a stack is built (a graph change that the executor
+    does not follow fails there, naming both lists).
+    """
+
+    def __init__(self, partitions: Sequence[Dict[str, Any]]):
+        self.ops: Dict[str, List[str]] = {}
+        self.slots: Dict[str, Dict[str, int]] = {}
+        for p in partitions:
+            self.ops.setdefault(p["key"], list(p["ops"]))
+            self.slots.setdefault(p["key"], {s["name"]: int(s["op_index"]) for s in p["slots"]})
+
+    @staticmethod
+    def of_workload(path: str) -> "KernelGraphBlocks":
+        import kareus  # the C++ module
+
+        return KernelGraphBlocks(kareus.workload_partitions(path))
+
+    def default_slot(self, key: str) -> str:
+        """The slot at the partition's start (the Nanobatching baseline's launch point)."""
+        slots = self.slots[key]
+        return min(slots, key=lambda name: slots[name])
+
+    def check(self, key: str, executor_ops: Sequence[str]) -> None:
+        want = self.ops.get(key)
+        if want is None:
+            raise ValueError(f"kareus.torch: the kernel graph has no partition '{key}' (it has "
+                             f"{', '.join(self.ops)}); this executor runs tensor parallelism "
+                             "with dense layers")
+        if list(executor_ops) != want:
+            raise ValueError(f"kareus.torch: partition '{key}': the kernel graph's ops are "
+                             f"{want}, the executor's {list(executor_ops)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,7 +233,7 @@ class PipelineHooks:
     """
 
     def __init__(self, plan: Any, rank: int, controller: Any = None, monitor: Any = None):
-        self.rank = rank
+        self.rank, self.plan = rank, plan
         self._hooks = None
         self._monitor = None
         if plan is not None:
@@ -795,8 +788,8 @@ class _Builder:
 
         ops = [("rmsnorm_bwd", self._norm_bwd), ("residual_grad_add", self._residual_grad_add),
                ("out_proj_dgrad", out_dgrad), ("out_proj_wgrad", out_wgrad),
-               ("attention_bwd", attn_bwd), ("rope_bwd", rope_bwd), ("qkv_dgrad", qkv_dgrad),
-               ("qkv_wgrad", qkv_wgrad)]
+               ("attention_bwd", attn_bwd), ("rope_bwd", rope_bwd), ("qkv_gemm_dgrad", qkv_dgrad),
+               ("qkv_gemm_wgrad", qkv_wgrad)]
         return _Block("bwd_attn", l, ops, lambda s: s.out, deliver)
 
 
@@ -817,7 +810,8 @@ class TraceEvent:
 
 
 def _run_chain(blocks: List[_Block], states: List[_NB], cursor: _Cursor, group_for_sms,
-               direction: str, trace: Optional[List[TraceEvent]]) -> None:
+               direction: str, trace: Optional[List[TraceEvent]],
+               graph: KernelGraphBlocks) -> None:
     """Runs NB0 b0, NB1 b0, NB0 b1, NB1 b1, ...: each nano-batch's collective is launched
     asynchronously right before the plan's slot op of the other nano-batch's next block and
     waited at that block's end; the last collective runs alone (the stack tail)."""
@@ -829,9 +823,9 @@ def _run_chain(blocks: List[_Block], states: List[_NB], cursor: _Cursor, group_f
         launch_at, sms, handle = -1, None, None
         if pending is not None:
             choice = cursor.next(blk.key)
-            slot = choice.slot if choice is not None else _BLOCK_OPS[blk.key][0][1]
+            slot = choice.slot if choice is not None else graph.default_slot(blk.key)
             sms = choice.sms if choice is not None else None
-            allowed = BLOCK_SLOTS[blk.key]
+            allowed = graph.slots[blk.key]
             if slot not in allowed:
                 raise ValueError(f"kareus.torch: partition '{blk.key}': unknown launch slot "
                                  f"'{slot}'; allowed: {', '.join(allowed)}")
@@ -914,7 +908,7 @@ class _NanoStackFunction(torch.autograd.Function):
             _run_sequential(blocks, states[0], stack.group_for_sms, "forward", stack.trace)
         else:
             _run_chain(blocks, states, _Cursor(settings), stack.group_for_sms, "forward",
-                       stack.trace)
+                       stack.trace, stack.graph)
         out = torch.cat([(s.r.detach() + s.y) for s in states], dim=0)
         if stack.recompute:
             ctx.ckpts = [dict(s.ckpt) for s in states]  # layer inputs only
@@ -959,7 +953,7 @@ class _NanoStackFunction(torch.autograd.Function):
             _run_sequential(blocks, states[0], stack.group_for_sms, "backward", stack.trace)
         else:
             _run_chain(blocks, states, _Cursor(settings), stack.group_for_sms, "backward",
-                       stack.trace)
+                       stack.trace, stack.graph)
         for s in states:  # the stack input's gradient: the last norm backward and residual add
             b._norm_bwd(s)
             b._residual_grad_add(s)
@@ -982,6 +976,8 @@ class NanoBatchedStack(nn.Module):
     ``group_for_sms(sms)`` returns the process group a collective with that SM count uses
     (``sms`` is None where the plan gives none); by default the layers' TP group.
     ``trace``: a list that receives a :class:`TraceEvent` per collective, or None.
+    ``graph``: the kernel graph's op lists and slots (:class:`KernelGraphBlocks`); by default
+    those of the hooks' plan's workload.
     ``chunk``: the model chunk of the stage these layers are (interleaved schedules: a stage
     holds one stack per chunk, ``Plan.chunk_layers(stage, chunk)`` gives its layers, and the
     schedule runs stack ``c`` for an instruction of chunk ``c``); running it while the open
@@ -993,12 +989,26 @@ class NanoBatchedStack(nn.Module):
     def __init__(self, layers: Sequence[TPTransformerLayer], hooks: Any = None,
                  recompute: bool = True, group_for_sms: Optional[Callable[[Optional[int]],
                                                                           Any]] = None,
-                 trace: Optional[List[TraceEvent]] = None, chunk: int = 0):
+                 trace: Optional[List[TraceEvent]] = None, chunk: int = 0,
+                 graph: Optional[KernelGraphBlocks] = None):
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self.hooks, self.recompute, self.trace, self.chunk = hooks, recompute, trace, chunk
         group = layers[0].group if layers else None
         self.group_for_sms = group_for_sms or (lambda sms: group)
+        if graph is None:
+            plan = getattr(hooks, "plan", None)
+            if plan is None:
+                raise ValueError("kareus.torch: NanoBatchedStack needs the kernel graph's op "
+                                 "lists: hooks with a plan, or graph=KernelGraphBlocks."
+                                 "of_workload(workload_path)")
+            graph = KernelGraphBlocks.of_workload(plan.workload_path)
+        self.graph = graph
+        if layers:  # the executor's blocks against the graph's, once
+            b = _Builder(self.layers, [w for layer in self.layers for w in layer.params()], [])
+            for blk in (b.fwd_attn(0, True, False), b.fwd_mlp(0, True, False), b.bwd_mlp(0),
+                        b.bwd_attn(0)):
+                graph.check(blk.key, [name for name, _ in blk.ops])
 
     def _settings_for(self, kind: str) -> Optional[InstructionSettings]:
         s = None if self.hooks is None else getattr(self.hooks, "current", None)

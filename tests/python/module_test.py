@@ -567,6 +567,31 @@ class InterleavedTest(unittest.TestCase):
         self.assertEqual(hooks._hooks.position, (0, False))
 
 
+class WorkloadPartitionsTest(unittest.TestCase):
+    def test_tp_partitions_from_the_kernel_graph(self):
+        """The graph's op lists and slots, against src/workload/kernel_graph.cc read by hand."""
+        import kareus
+
+        parts = {p["key"]: p for p in kareus.workload_partitions(ARGS.workload)}
+        self.assertEqual(set(parts), {"fwd_attn", "fwd_mlp", "bwd_mlp", "bwd_attn"})
+        a = parts["fwd_attn"]
+        self.assertEqual(a["ops"], ["residual_add", "rmsnorm", "qkv_gemm", "rope", "attention",
+                                    "out_proj"])
+        self.assertEqual({s["name"]: s["op_index"] for s in a["slots"]},
+                         {"norm": 0, "qkv": 2, "rope": 3, "attn": 4})
+        self.assertEqual(a["collective"], {"name": "tp_allreduce", "kind": "allreduce",
+                                           "group": "tp"})
+        self.assertEqual(parts["bwd_mlp"]["direction"], "backward")
+        self.assertEqual(parts["bwd_mlp"]["comm_tail"], [])
+
+    def test_bad_workload(self):
+        import kareus
+
+        with self.assertRaises(kareus.InvalidInputError) as e:
+            kareus.workload_partitions("/no/such/workload.yaml")
+        self.assertIn("/no/such/workload.yaml", str(e.exception))
+
+
 class DocTest(unittest.TestCase):
     def test_public_objects_are_documented(self):
         import kareus
@@ -576,7 +601,9 @@ class DocTest(unittest.TestCase):
                      "MixEntry", "Error", "OrderError", "InvalidInputError"):
             self.assertTrue(getattr(kareus, name).__doc__, name)
         for name in ("PipelineHooks", "NanoBatchedStack", "TPTransformerLayer",
-                     "InstructionSettings", "aggregate_iteration", "merge_iteration_records"):
+                     "InstructionSettings", "aggregate_iteration", "merge_iteration_records",
+                     "SmGroups", "nccl_options", "instrument_stages", "KernelGraphBlocks",
+                     "kareus_schedule"):
             self.assertTrue(getattr(kt, name).__doc__, name)
         self.assertTrue(kareus.__doc__)
 
