@@ -34,6 +34,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from .parallel import cp_causal_attention, gather_along, scatter_along  # noqa: E402,F401
 from .comm import SmGroups, nccl_options, plan_sm_counts  # noqa: E402,F401
 from .pipelining import KareusInterleaved1F1B, instrument_stages, kareus_schedule  # noqa: E402,F401
 
@@ -435,16 +436,18 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (x.float() * scale).to(x.dtype) * weight
 
 
-def _rope_tables(seq: int, dim: int, dtype, device) -> Tuple[torch.Tensor, torch.Tensor]:
+def _rope_tables(seq: int, dim: int, dtype, device,
+                 offset: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     inv = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-    ang = torch.outer(torch.arange(seq, dtype=torch.float64), inv)
+    ang = torch.outer(torch.arange(offset, offset + seq, dtype=torch.float64), inv)
     ang = torch.cat([ang, ang], dim=-1)
     return ang.cos().to(dtype=dtype, device=device), ang.sin().to(dtype=dtype, device=device)
 
 
-def apply_rope(x: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding (Su et al., 2021; rotate-half form) of x [batch, seq, heads, head_dim]."""
-    cos, sin = _rope_tables(x.shape[1], x.shape[-1], x.dtype, x.device)
+def apply_rope(x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    """Rotary embedding (Su et al., 2021; rotate-half form) of x [batch, seq, heads, head_dim]
+    whose first position is ``offset`` (a context-parallel shard's start)."""
+    cos, sin = _rope_tables(x.shape[1], x.shape[-1], x.dtype, x.device, offset)
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
@@ -485,8 +488,11 @@ class TPTransformerLayer(nn.Module):
     """
 
     def __init__(self, shape: ModelShape, tp_rank: int, tp_size: int, group, seed: int,
-                 dtype=torch.bfloat16):
+                 dtype=torch.bfloat16, sequence_parallel: bool = False, cp_group: Any = None):
         super().__init__()
+        if sequence_parallel and tp_size < 2:
+            raise ValueError("kareus.torch: sequence parallelism needs tp > 1")
+        self.sequence_parallel, self.cp_group = sequence_parallel, cp_group
         for name, n in (("heads", shape.heads), ("kv_heads", shape.kv_heads),
                         ("ffn_hidden", shape.ffn_hidden)):
             if n % tp_size:
@@ -536,19 +542,38 @@ class TPTransformerLayer(nn.Module):
         return q.reshape(b, s, self.hq, d), k.reshape(b, s, self.hkv, d), v.reshape(
             b, s, self.hkv, d)
 
-    def rope(self, qkv: torch.Tensor):
+    def rope(self, qkv: torch.Tensor, offset: int = 0):
         q, k, v = self.split_qkv(qkv)
         if self.shape.rope:
-            q, k = apply_rope(q), apply_rope(k)
+            q, k = apply_rope(q, offset), apply_rope(k, offset)
         return q, k, v
 
+    def _enter(self, n: torch.Tensor) -> torch.Tensor:
+        """Into a TP region: Megatron's f (identity, gradient AllReduced), or with sequence
+        parallelism the all-gather along the sequence (gradient reduce-scattered)."""
+        if self.sequence_parallel:
+            return gather_along(n, 1, self.group)
+        return copy_to_tp(n, self.group)
+
+    def _exit(self, y: torch.Tensor) -> torch.Tensor:
+        """Out of a TP region: AllReduce, or reduce-scatter along the sequence."""
+        if self.sequence_parallel:
+            return scatter_along(y, 1, self.group)
+        return reduce_from_tp(y, self.group)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The plain schedule. ``x`` [b, s', h]: with sequence parallelism s' is this TP rank's
+        share of the CP shard; with context parallelism the CP shard is this CP rank's
+        contiguous share of the sequence (positions from cp_rank * shard)."""
         eps = self.shape.norm_eps
-        n1 = copy_to_tp(rmsnorm(x, self.norm1, eps), self.group)
-        q, k, v = self.rope(F.linear(n1, self.wqkv))
-        x = x + reduce_from_tp(F.linear(causal_attention(q, k, v), self.wo), self.group)
-        n2 = copy_to_tp(rmsnorm(x, self.norm2, eps), self.group)
-        return x + reduce_from_tp(F.linear(swiglu(F.linear(n2, self.w1)), self.w2), self.group)
+        n1 = self._enter(rmsnorm(x, self.norm1, eps))
+        offset = 0 if self.cp_group is None else dist.get_rank(self.cp_group) * n1.shape[1]
+        q, k, v = self.rope(F.linear(n1, self.wqkv), offset)
+        o = causal_attention(q, k, v) if self.cp_group is None else \
+            cp_causal_attention(q, k, v, self.cp_group)
+        x = x + self._exit(F.linear(o, self.wo))
+        n2 = self._enter(rmsnorm(x, self.norm2, eps))
+        return x + self._exit(F.linear(swiglu(F.linear(n2, self.w1)), self.w2))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1004,6 +1029,11 @@ class NanoBatchedStack(nn.Module):
                                  "of_workload(workload_path)")
             graph = KernelGraphBlocks.of_workload(plan.workload_path)
         self.graph = graph
+        for layer in layers:
+            if layer.sequence_parallel or layer.cp_group is not None:
+                raise ValueError("kareus.torch: NanoBatchedStack runs tensor parallelism only; "
+                                 "sequence- and context-parallel layers run plainly "
+                                 "(layer.forward), see docs/runtime.md")
         if layers:  # the executor's blocks against the graph's, once
             b = _Builder(self.layers, [w for layer in self.layers for w in layer.params()], [])
             for blk in (b.fwd_attn(0, True, False), b.fwd_mlp(0, True, False), b.bwd_mlp(0),

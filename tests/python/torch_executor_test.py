@@ -148,6 +148,49 @@ def rank_main(rank: int, workdir: str) -> None:
             y1 = layer(y1)
     if rel(y1, ref_y) > TOLERANCE:
         raise AssertionError(f"TP=1 and TP=2 layers of one seed differ by {rel(y1, ref_y):.3e}")
+    # Sequence parallelism (TP=2, each rank a half of the sequence) and context parallelism
+    # (CP=2, TP=1) compute the same function: outputs and input gradients are the reference's
+    # rows; the weights of the norms (SP) and all weights (CP) get partial gradients that the
+    # job reduces over the group, as Megatron does; summed here, they are the reference's.
+    half = slice(rank * 6, (rank + 1) * 6)
+
+    def run_layers(ls, x_in):
+        for p in [q for layer in ls for q in layer.params()]:
+            p.grad = None
+        x = x_in.clone().requires_grad_(True)
+        y = x
+        for layer in ls:
+            y = layer(y)
+        (y * weight[:, half if x_in.shape[1] == 6 else slice(None)]).sum().backward()
+        return y.detach(), x.grad, [q.grad.clone() for layer in ls for q in layer.params()]
+
+    full_y, full_gx, full_gp = run_layers(full, x0)
+    sp = [kt.TPTransformerLayer(shape, rank, 2, group, seed=7 + i, dtype=torch.float32,
+                                sequence_parallel=True) for i in range(2)]
+    cp = [kt.TPTransformerLayer(shape, 0, 1, singles[rank], seed=7 + i, dtype=torch.float32,
+                                cp_group=group) for i in range(2)]
+    for label, ls, ref_params, reduced in (
+            ("sequence parallel", sp, ref_g[1:], {0, 3}),
+            ("context parallel", cp, full_gp, {0, 1, 2, 3, 4, 5})):
+        y, gx, gp = run_layers(ls, x0[:, half])
+        errs = {"output": rel(y, ref_y[:, half]), "input grad": rel(gx, ref_g[0][:, half])}
+        for j, (g, want) in enumerate(zip(gp, ref_params)):
+            if j % 6 in reduced:
+                dist.all_reduce(g, group=group)
+            errs[f"param {j}"] = rel(g, want)
+        if max(errs.values()) > TOLERANCE:
+            raise AssertionError(f"{label}: relative errors {errs}")
+        report.append((label, max(errs.values())))
+    if rel(full_y, ref_y) > TOLERANCE:
+        raise AssertionError("the TP=1 reference with gradients differs from the TP=2 output")
+    try:
+        kt.NanoBatchedStack(sp, Settable(), graph=graph)
+    except ValueError as e:
+        if "tensor parallelism only" not in str(e):
+            raise
+    else:
+        raise AssertionError("NanoBatchedStack accepted sequence-parallel layers")
+
     if kt.TPTransformerLayer(shape, 0, 1, None, seed=7).wqkv.dtype != torch.bfloat16:
         raise AssertionError("the layer's default dtype is not bf16")
 
