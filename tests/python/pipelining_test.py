@@ -11,6 +11,9 @@ one. Each rank runs
      collectives on SmGroups whose group factory is a recording stand-in (gloo groups; the
      ProcessGroupNCCL.Options each got are kept);
   3. Kareus, bf16: layers built in bf16 from the same seeds, as 2.
+With a sequence-parallel workload (tiny_tp2_pp2_sp.yaml) 2 and 3 run in clocks-only mode: the
+layers sequence-parallel and plain (NanoBatchedStack runs tensor parallelism only), the plan's
+hooks (order, clocks) the same; the reference 1 stays plain TP.
 Checks (the driver):
   - the actions the schedule ran are the plan's order and kareus.schedule_order's, and torch's
     stock ScheduleInterleaved1F1B order equals Kareus's for this (pp, V, micro-batches);
@@ -69,6 +72,23 @@ def rank_main(args) -> None:
     shape = kt.ModelShape(w["layers"], w["hidden"], w["ffn_hidden"], w["heads"], w["kv_heads"],
                           w["head_dim"], w["vocab"])
     vstages = pp * chunks
+    # Sequence parallelism: the clocks-only mode (the layers run plainly, sequence-parallel, the
+    # plan's clocks and order applied by the same hooks); the reference is plain TP.
+    sp = bool(w["sequence_parallel"])
+
+    class GatherSplit(torch.autograd.Function):
+        """All-gather along the sequence into a replicated consumer (the output layer): every
+        TP rank computes the whole gradient, so each keeps its own slice (no sum)."""
+
+        @staticmethod
+        def forward(ctx, x):
+            parts = [torch.empty_like(x) for _ in range(tp)]
+            dist.all_gather(parts, x.contiguous(), group=tp_group)
+            return torch.cat(parts, dim=1)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g.chunk(tp, dim=1)[tp_rank].contiguous()
 
     # Recording stand-in of dist.new_group for SmGroups: real gloo groups, the NCCL options kept.
     options_of = {}
@@ -101,9 +121,9 @@ def rank_main(args) -> None:
     class Stage(nn.Module):
         """Virtual stage vs: [embedding] + its layers + [final norm, output layer]."""
 
-        def __init__(self, vs, body, dtype):
+        def __init__(self, vs, body, dtype, seq_parallel=False):
             super().__init__()
-            self.vs, self.body, self.dtype = vs, body, dtype
+            self.vs, self.body, self.dtype, self.sp = vs, body, dtype, seq_parallel
             if vs == 0:  # vocab-parallel embedding (Megatron)
                 self.emb = nn.Parameter(emb_full[tp_rank * vocab_local:
                                                  (tp_rank + 1) * vocab_local].clone())
@@ -116,9 +136,14 @@ def rank_main(args) -> None:
                 local = x - tp_rank * vocab_local
                 inside = (local >= 0) & (local < vocab_local)
                 x = F.embedding(local.clamp(0, vocab_local - 1), self.emb) * inside.unsqueeze(-1)
-                x = kt.reduce_from_tp(x, tp_group).to(self.dtype)
+                # Megatron: the embedding's partial sums are reduce-scattered along the sequence
+                # under sequence parallelism, AllReduced without it.
+                x = (kt.scatter_along(x, 1, tp_group) if self.sp else
+                     kt.reduce_from_tp(x, tp_group)).to(self.dtype)
             x = self.body(x)
             if self.vs == vstages - 1:
+                if self.sp:
+                    x = GatherSplit.apply(x)
                 x = F.linear(kt.rmsnorm(x.float(), self.final_norm, shape.norm_eps), self.head)
             return x
 
@@ -135,25 +160,27 @@ def rank_main(args) -> None:
     def loss_fn(logits, labels):
         return F.cross_entropy(logits.reshape(-1, shape.vocab), labels.reshape(-1)) / mbs
 
-    def make_layers(dtype):
+    def make_layers(dtype, seq_parallel=False):
         out = []
         for c in range(chunks):
             n, first_layer = plan.chunk_layers(stage, c)
             out.append([kt.TPTransformerLayer(shape, tp_rank, tp, tp_group,
-                                              seed=SEED + 1 + first_layer + i, dtype=dtype)
+                                              seed=SEED + 1 + first_layer + i, dtype=dtype,
+                                              sequence_parallel=seq_parallel)
                         for i in range(n)])
         return out
 
-    def iteration(bodies, hooks, dtype):
+    def iteration(bodies, hooks, dtype, seq_parallel=False):
         """One training iteration through torch's pipeline runtime; (losses, grads, actions)."""
-        mods = [Stage(c * pp + stage, bodies[c], dtype) for c in range(chunks)]
+        mods = [Stage(c * pp + stage, bodies[c], dtype, seq_parallel) for c in range(chunks)]
         for m in mods:  # the plain and Kareus runs share the layers' parameters
             for p in m.parameters():
                 p.grad = None
         # Static shapes: torch's shape inference sends pickled metadata, which needs numpy.
         mb, seq = w["micro_batch"], w["seq_len"]
         # requires_grad: what tells the runtime that a gradient flows back across the boundary.
-        act = torch.empty(mb, seq, shape.hidden, dtype=dtype, requires_grad=True)
+        act = torch.empty(mb, seq // tp if seq_parallel else seq, shape.hidden, dtype=dtype,
+                          requires_grad=True)
 
         def io(vs):
             inp = torch.zeros(mb, seq, dtype=torch.long) if vs == 0 else act
@@ -173,6 +200,8 @@ def rank_main(args) -> None:
         grads = {}
         for c, m in enumerate(mods):
             for name, p in m.named_parameters():
+                if seq_parallel and ".norm" in name:  # saw this rank's sequence share only
+                    dist.all_reduce(p.grad, group=tp_group)
                 key = name.replace("body.", "")
                 if key.startswith("layers."):  # model-wide layer index
                     i = int(key.split(".")[1])
@@ -192,10 +221,13 @@ def rank_main(args) -> None:
     try:
         with kareus.Controller(gpu_index=rank, dry_run=True, log_path=log_path) as ctl:
             hooks = kt.PipelineHooks(plan, rank, ctl)
-            nano = [kt.NanoBatchedStack(ls, hooks, recompute=w["recompute"], trace=trace,
-                                        chunk=c, group_for_sms=sm_groups)
-                    for c, ls in enumerate(fp32)]
-            nano_losses, nano_grads, nano_actions = iteration(nano, hooks, torch.float32)
+            if sp:
+                bodies = [Plain(ls) for ls in make_layers(torch.float32, True)]
+            else:
+                bodies = [kt.NanoBatchedStack(ls, hooks, recompute=w["recompute"], trace=trace,
+                                              chunk=c, group_for_sms=sm_groups)
+                          for c, ls in enumerate(fp32)]
+            nano_losses, nano_grads, nano_actions = iteration(bodies, hooks, torch.float32, sp)
             want_locks = len(plan.clock_sequence(stage))
             deadline = time.monotonic() + 10.0
             while time.monotonic() < deadline:  # stop() drops queued targets: let them apply
@@ -204,12 +236,13 @@ def rank_main(args) -> None:
                         break
                 time.sleep(0.01)
         kareus_collectives = list(collective_sms)
-        bf16 = make_layers(torch.bfloat16)
+        bf16 = make_layers(torch.bfloat16, sp)
         hooks16 = kt.PipelineHooks(plan, rank)
         bf_losses, bf_grads, _ = iteration(
-            [kt.NanoBatchedStack(ls, hooks16, recompute=w["recompute"], chunk=c,
+            [Plain(ls) if sp else
+             kt.NanoBatchedStack(ls, hooks16, recompute=w["recompute"], chunk=c,
                                  group_for_sms=sm_groups) for c, ls in enumerate(bf16)],
-            hooks16, torch.bfloat16)
+            hooks16, torch.bfloat16, sp)
     finally:
         dist.all_reduce = real_all_reduce
 
@@ -236,7 +269,7 @@ def rank_main(args) -> None:
         "schedule_order": kareus.schedule_order(pp, chunks, mbs, stage),
         "stock_order": stock_order,
         "trace": [vars(e) for e in trace], "collective_sms": kareus_collectives,
-        "sm_counts": sm_counts,
+        "sm_counts": sm_counts, "sequence_parallel": sp,
         "plan_sms": {f"{i.kind}/{i.chunk}/{i.microbatch}/{k}": p.sms
                      for i in plan.instructions(stage) for k, p in i.partitions.items()},
     }
@@ -298,7 +331,8 @@ def check_rank(res, plan_json) -> str:
     locks = [e["freq_mhz"] for e in ft.read_log(res["log"]) if e["event"] == "lock"]
     if locks != clocks:
         ft.fail(f"rank {rank}: controller applied {locks}, the plan's clock sequence is {clocks}")
-    return (f"rank {rank} (stage {res['stage']}): {len(order)} actions in the plan's order, "
+    mode = "clocks only, sequence parallel" if res["sequence_parallel"] else "nano-batched"
+    return (f"rank {rank} (stage {res['stage']}, {mode}): {len(order)} actions in the plan's order, "
             f"fp32 max grad err {max(res['grad_rel_err'].values()):.1e}, bf16 "
             f"{max(res['bf16_grad_rel_err'].values()):.1e}, {seen} overlapped collectives on "
             f"SM groups {res['sm_counts']}, clocks {locks}")
