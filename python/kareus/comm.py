@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 import torch.distributed as dist
 
-__all__ = ["nccl_options", "plan_sm_counts", "SmGroups"]
+__all__ = ["nccl_options", "plan_sm_counts", "SmGroups", "all_gather_json", "broadcast_json"]
 
 #: A partition's SM count of 0 means copy engines (no SMs, docs/formats.md); NCCL's CTA limits
 #: start at 1, so such a collective keeps the default communicator.
@@ -117,3 +117,64 @@ class SmGroups:
             raise ValueError(f"kareus.comm: no communicator for {sms} SMs; created for "
                              f"{self.sm_counts} (pass the plan's SM counts, plan_sm_counts)") \
                 from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Small JSON messages over a process group. torch 2.x's all_gather_object/broadcast_object_list
+# unpickle through numpy (tensor.numpy()), which a training image need not have; JSON bytes in a
+# uint8 tensor need only torch.
+
+
+def _device(group: Any) -> Any:
+    import torch
+
+    if dist.get_backend(group) == "nccl":  # NCCL moves CUDA tensors only
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _encode(obj: Any, device: Any) -> Any:
+    import json
+
+    import torch
+
+    data = json.dumps(obj).encode()
+    return torch.tensor(list(data), dtype=torch.uint8, device=device)
+
+
+def _decode(t: Any) -> Any:
+    import json
+
+    return json.loads(bytes(t.cpu().tolist()).decode())
+
+
+def all_gather_json(obj: Any, group: Any = None) -> List[Any]:
+    """Every rank's ``obj`` (JSON-serialisable), in rank order, on every rank of ``group``."""
+    import torch
+
+    device = _device(group)
+    mine = _encode(obj, device)
+    n = dist.get_world_size(group)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(n)]
+    dist.all_gather(sizes, torch.tensor([mine.numel()], dtype=torch.int64, device=device),
+                    group=group)
+    width = max(int(s.item()) for s in sizes)
+    padded = torch.zeros(width, dtype=torch.uint8, device=device)
+    padded[:mine.numel()] = mine
+    parts = [torch.empty(width, dtype=torch.uint8, device=device) for _ in range(n)]
+    dist.all_gather(parts, padded, group=group)
+    return [_decode(p[:int(s.item())]) for p, s in zip(parts, sizes)]
+
+
+def broadcast_json(obj: Any, src: int, group: Any = None) -> Any:
+    """``obj`` of global rank ``src`` (JSON-serialisable) on every rank of ``group``."""
+    import torch
+
+    device = _device(group)
+    mine = _encode(obj, device) if dist.get_rank() == src else None
+    size = torch.tensor([0 if mine is None else mine.numel()], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=src, group=group)
+    buf = mine if mine is not None else torch.empty(int(size.item()), dtype=torch.uint8,
+                                                    device=device)
+    dist.broadcast(buf, src=src, group=group)
+    return _decode(buf)

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .parallel import cp_causal_attention, gather_along, scatter_along  # noqa: E402,F401
-from .comm import SmGroups, nccl_options, plan_sm_counts  # noqa: E402,F401
+from .comm import SmGroups, all_gather_json, nccl_options, plan_sm_counts  # noqa: E402,F401
 from .pipelining import KareusInterleaved1F1B, instrument_stages, kareus_schedule  # noqa: E402,F401
 
 __all__ = [
@@ -358,8 +358,9 @@ def merge_iteration_records(records: Sequence[Dict[str, Any]]) -> Dict[str, Any]
 def aggregate_iteration(record: Dict[str, Any], group: Any = None) -> Dict[str, Any]:
     """The job's figures of one iteration: every rank passes its own ``Monitor.end_iteration()``
     record; the records are all-gathered through the job's process group (``group``, default the
-    world; ``torch.distributed.all_gather_object``, which works on gloo and, with the current
-    CUDA device set, on NCCL) and merged by :func:`merge_iteration_records` on every rank, so
+    world; JSON bytes through ``all_gather``, on gloo and, with the current CUDA device set, on
+    NCCL; not ``all_gather_object``, which needs numpy on torch 2.x) and merged by
+    :func:`merge_iteration_records` on every rank, so
     every rank returns the same dict: ``time_s`` max over the ranks, ``energy_j`` sum (None if a
     rank lacks it), ``avg_power_per_gpu_w``, and ``stage_busy_time_s``, a list indexed by stage
     (the max over the stage's ranks of their busy time: what a re-planner compares with the
@@ -369,9 +370,7 @@ def aggregate_iteration(record: Dict[str, Any], group: Any = None) -> Dict[str, 
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("aggregate_iteration needs an initialized torch.distributed process "
                            "group (use merge_iteration_records for records at hand)")
-    gathered: List[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, record, group=group)
-    return merge_iteration_records(gathered)
+    return merge_iteration_records(all_gather_json(record, group))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,7 +28,6 @@ Usage: pipelining_test.py --kareus BIN/kareus --workload tiny_tp2_pp2.yaml --wor
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -43,21 +42,12 @@ SEED = ft.SEED
 
 
 def rank_main(args) -> None:
-    import torch
-    import torch.distributed as dist
     import torch.nn.functional as F
     from torch import nn
     from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B
 
-    import kareus
-    from kareus import torch as kt
-
-    torch.manual_seed(SEED)
-    torch.use_deterministic_algorithms(True)
-    rank, world = args.rank, args.world
-    dist.init_process_group("gloo", init_method=f"file://{args.workdir}/rendezvous", rank=rank,
-                            world_size=world)
-    plan = kareus.Plan(args.plan, args.workload)
+    torch, dist, kareus, kt, plan = ft.start_rank(args)
+    rank = args.rank
     w = plan.workload
     tp, pp, mbs, chunks = w["tp"], w["pp"], w["micro_batches"], plan.chunks
     stage = plan.stage_for_rank(rank)
@@ -111,9 +101,7 @@ def rank_main(args) -> None:
                                   [o.config.min_ctas, o.config.max_ctas])
         return real_all_reduce(tensor, *a, group=group, **k)
 
-    g = torch.Generator().manual_seed(SEED)
-    emb_full = torch.randn(shape.vocab, shape.hidden, generator=g) * 0.5
-    head_full = torch.randn(shape.vocab, shape.hidden, generator=g) * shape.hidden ** -0.5
+    emb_full, head_full = ft.embedding_and_head(torch, shape)
     vocab_local = shape.vocab // tp
     tokens = torch.randint(0, shape.vocab, (mbs * w["micro_batch"], w["seq_len"] + 1),
                            generator=torch.Generator().manual_seed(SEED + 99))
@@ -228,13 +216,7 @@ def rank_main(args) -> None:
                                               chunk=c, group_for_sms=sm_groups)
                           for c, ls in enumerate(fp32)]
             nano_losses, nano_grads, nano_actions = iteration(bodies, hooks, torch.float32, sp)
-            want_locks = len(plan.clock_sequence(stage))
-            deadline = time.monotonic() + 10.0
-            while time.monotonic() < deadline:  # stop() drops queued targets: let them apply
-                with open(log_path) as f:
-                    if sum('"event": "lock"' in line for line in f) >= want_locks:
-                        break
-                time.sleep(0.01)
+            ft.wait_for_locks(log_path, len(plan.clock_sequence(stage)))
         kareus_collectives = list(collective_sms)
         bf16 = make_layers(torch.bfloat16, sp)
         hooks16 = kt.PipelineHooks(plan, rank)
@@ -344,28 +326,9 @@ def driver(args) -> None:
     for f in os.listdir(args.workdir):
         os.remove(os.path.join(args.workdir, f))
     plan = os.path.join(args.workdir, "plan.json")
-    r = subprocess.run([args.kareus, "plan", args.workload, "--min-energy", "--no-fallback",
-                        "--clock-switch-ms", "0", "--out", plan],
-                       capture_output=True, text=True, timeout=60)
-    if r.returncode != 0:
-        ft.fail(f"kareus plan exited {r.returncode}: {r.stderr[-2000:]}")
-    with open(plan) as f:
-        plan_json = json.load(f)
+    plan_json = ft.make_plan(args.kareus, args.workload, plan, 60.0)
     world = plan_json["workload"]["gpus"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
-    procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--world", str(world),
-                               "--plan", plan, "--workload", args.workload, "--workdir",
-                               args.workdir], env=env) for r in range(world)]
-    deadline = time.monotonic() + args.timeout_s
-    for p in procs:
-        try:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            ft.fail(f"ranks did not finish within {args.timeout_s} s")
-    if any(p.returncode != 0 for p in procs):
-        ft.fail(f"rank exit codes {[p.returncode for p in procs]}")
+    ft.run_ranks(__file__, world, plan, args, args.timeout_s)
     for rank in range(world):
         with open(os.path.join(args.workdir, f"rank{rank}.json")) as f:
             print(check_rank(json.load(f), plan_json), flush=True)
