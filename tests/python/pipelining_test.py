@@ -22,7 +22,8 @@ Checks (the driver):
     plan's SM count of that partition, and every other collective on the default group;
   - each rank's controller log holds exactly its stage's clock sequence (from the plan JSON).
 
-Usage: pipelining_test.py --kareus BIN/kareus --workload tiny_tp2_pp2.yaml --workdir DIR
+Usage: pipelining_test.py --kareus BIN/kareus --workload W.yaml [W2.yaml ...] --workdir DIR
+(the workloads run one after the other in the same 4 rank processes).
 """
 
 import argparse
@@ -42,11 +43,25 @@ SEED = ft.SEED
 
 
 def rank_main(args) -> None:
+    """Every workload's case in one process: torch's import and the job's start are most of a
+    case's time on two cores."""
+    plans, workloads = args.plan.split(os.pathsep), args.workload.split(os.pathsep)
+    first = argparse.Namespace(**vars(args))
+    first.plan, first.workload = plans[0], workloads[0]
+    torch, dist, kareus, kt, plan = ft.start_rank(first)
+    for case, (plan_path, workload) in enumerate(zip(plans, workloads)):
+        if case:
+            plan = kareus.Plan(plan_path, workload)
+        run_case(args, case, torch, dist, kareus, kt, plan)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_case(args, case, torch, dist, kareus, kt, plan) -> None:
     import torch.nn.functional as F
     from torch import nn
     from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B
 
-    torch, dist, kareus, kt, plan = ft.start_rank(args)
     rank = args.rank
     w = plan.workload
     tp, pp, mbs, chunks = w["tp"], w["pp"], w["micro_batches"], plan.chunks
@@ -201,7 +216,7 @@ def rank_main(args) -> None:
     plain_losses, plain_grads, plain_actions = iteration(
         [Plain(ls) for ls in fp32], kt.PipelineHooks(None, rank), torch.float32)
 
-    log_path = os.path.join(args.workdir, f"freqd_rank{rank}.jsonl")
+    log_path = os.path.join(args.workdir, f"freqd_rank{rank}_case{case}.jsonl")
     if os.path.exists(log_path):
         os.remove(log_path)
     trace = []
@@ -255,10 +270,8 @@ def rank_main(args) -> None:
         "plan_sms": {f"{i.kind}/{i.chunk}/{i.microbatch}/{k}": p.sms
                      for i in plan.instructions(stage) for k, p in i.partitions.items()},
     }
-    with open(os.path.join(args.workdir, f"rank{rank}.json"), "w") as f:
+    with open(os.path.join(args.workdir, f"rank{rank}_case{case}.json"), "w") as f:
         json.dump(result, f)
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 def check_rank(res, plan_json) -> str:
@@ -325,32 +338,42 @@ def driver(args) -> None:
     os.makedirs(args.workdir, exist_ok=True)
     for f in os.listdir(args.workdir):
         os.remove(os.path.join(args.workdir, f))
-    plan = os.path.join(args.workdir, "plan.json")
-    plan_json = ft.make_plan(args.kareus, args.workload, plan, 60.0)
-    world = plan_json["workload"]["gpus"]
-    ft.run_ranks(__file__, world, plan, args, args.timeout_s)
-    for rank in range(world):
-        with open(os.path.join(args.workdir, f"rank{rank}.json")) as f:
-            print(check_rank(json.load(f), plan_json), flush=True)
+    plans, plan_jsons = [], []
+    for case, workload in enumerate(args.workload):
+        plans.append(os.path.join(args.workdir, f"plan{case}.json"))
+        plan_jsons.append(ft.make_plan(args.kareus, workload, plans[-1], 60.0))
+    worlds = {j["workload"]["gpus"] for j in plan_jsons}
+    if len(worlds) != 1:
+        ft.fail(f"the workloads need {sorted(worlds)} ranks; one job runs them all")
+    world = worlds.pop()
+    ranks_args = argparse.Namespace(workload=os.pathsep.join(args.workload), workdir=args.workdir)
+    ft.run_ranks(__file__, world, os.pathsep.join(plans), ranks_args, args.timeout_s)
+    for case, workload in enumerate(args.workload):
+        print(os.path.basename(workload), flush=True)
+        for rank in range(world):
+            with open(os.path.join(args.workdir, f"rank{rank}_case{case}.json")) as f:
+                print("  " + check_rank(json.load(f), plan_jsons[case]), flush=True)
     print(f"total {time.monotonic() - t0:.1f} s\nPASS")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kareus")
-    ap.add_argument("--workload")
+    ap.add_argument("--workload", nargs="+",
+                    help="workload files, each run as one case by the same ranks")
     ap.add_argument("--workdir")
-    ap.add_argument("--timeout-s", type=float, default=90.0, help="for the 4 ranks")
+    ap.add_argument("--timeout-s", type=float, default=150.0, help="for the 4 ranks")
     ap.add_argument("--rank", type=int)
     ap.add_argument("--world", type=int)
     ap.add_argument("--plan")
     args = ap.parse_args()
     if args.rank is not None:
+        args.workload = args.workload[0]  # os.pathsep-joined, from the driver
         rank_main(args)
     else:
         if not (args.kareus and args.workload and args.workdir):
             ap.error("--kareus, --workload and --workdir are required")
-        args.workload = os.path.abspath(args.workload)
+        args.workload = [os.path.abspath(w) for w in args.workload]
         args.workdir = os.path.abspath(args.workdir)
         driver(args)
 
