@@ -58,37 +58,31 @@ def _reduce_scatter(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
     return total.chunk(n, dim=dim)[_rank(group)].contiguous()
 
 
-class _Gather(torch.autograd.Function):
+class _AlongSequence(torch.autograd.Function):
+    """An all-gather (``gather``) or a reduce-scatter along ``dim`` in forward, the other in
+    backward: each is the other's adjoint (the gathered tensor's consumers on every rank saw the
+    whole tensor, so a shard's gradient is their sum, and a reduce-scattered shard's gradient is
+    needed whole by every rank's partial sum)."""
+
     @staticmethod
-    def forward(ctx, x, dim, group):  # type: ignore[override]
-        ctx.dim, ctx.group = dim, group
-        return _all_gather(x, dim, group)
+    def forward(ctx, x, dim, group, gather):  # type: ignore[override]
+        ctx.dim, ctx.group, ctx.gather = dim, group, gather
+        return (_all_gather if gather else _reduce_scatter)(x, dim, group)
 
     @staticmethod
     def backward(ctx, g):  # type: ignore[override]
-        # Every rank's consumer saw the whole tensor: the shard's gradient is their sum.
-        return _reduce_scatter(g, ctx.dim, ctx.group), None, None
-
-
-class _Scatter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dim, group):  # type: ignore[override]
-        ctx.dim, ctx.group = dim, group
-        return _reduce_scatter(x, dim, group)
-
-    @staticmethod
-    def backward(ctx, g):  # type: ignore[override]
-        return _all_gather(g, ctx.dim, ctx.group), None, None
+        adjoint = _reduce_scatter if ctx.gather else _all_gather
+        return adjoint(g, ctx.dim, ctx.group), None, None, None
 
 
 def gather_along(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
     """All-gather of the shards along ``dim`` (backward: reduce-scatter of the gradient)."""
-    return _Gather.apply(x, dim, group)
+    return _AlongSequence.apply(x, dim, group, True)
 
 
 def scatter_along(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
     """Reduce-scatter of partial sums along ``dim`` (backward: all-gather of the gradient)."""
-    return _Scatter.apply(x, dim, group)
+    return _AlongSequence.apply(x, dim, group, False)
 
 
 def cp_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
