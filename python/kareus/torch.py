@@ -13,8 +13,10 @@ ops one by one, so that the launch point of every collective is the plan's, in b
 The layer is Megatron-LM's (Shoeybi et al., 2019; Narayanan et al., SC '21): RMSNorm, GQA
 attention with RoPE, SwiGLU MLP; QKV and FC1 are column-parallel (their input gradient is
 AllReduced in backward), the output projection and FC2 are row-parallel (their output is
-AllReduced in forward). The op lists and slot names are those of Kareus's kernel graph
-(src/workload/kernel_graph.cc), so that a plan's slot means the same op here and in the planner.
+AllReduced in forward). The op lists and slot names come from Kareus's C++ kernel graph
+through the module (``kareus.workload_partitions``, :class:`KernelGraphBlocks`), so that a
+plan's slot means the same op here and in the planner. Sequence and context parallelism
+(kareus.parallel) run in the layer's plain ``forward``; the nano-batched stack runs TP only.
 
 Collectives go through ``torch.distributed`` with ``async_op=True``; on CPU that is gloo, on GPUs
 NCCL. The SM count of each partition is handed to ``group_for_sms``; :class:`SmGroups`
