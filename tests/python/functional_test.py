@@ -108,6 +108,12 @@ def run_ranks(script: str, world: int, plan: str, args, timeout_s: float) -> Non
     procs = [subprocess.Popen([sys.executable, script, "--rank", str(r), "--world", str(world),
                                "--plan", plan, "--workload", args.workload, "--workdir",
                                args.workdir], env=env) for r in range(world)]
+    wait_ranks(procs, timeout_s)
+
+
+def wait_ranks(procs, timeout_s: float) -> None:
+    """Waits for every rank process, all within timeout_s; kills them all and fails past it or
+    if one failed."""
     deadline = time.monotonic() + timeout_s
     for p in procs:
         try:
