@@ -167,6 +167,15 @@ std::string schedule_name(int stages, int chunks, int microbatches) {
   return name;
 }
 
+/// The workload's partitions from the C++ kernel graph, as Python objects (parsed from the C
+/// API's JSON by the json module, so that this file needs no JSON library).
+py::object workload_partitions(const std::string& workload_path) {
+  const char* json = nullptr;
+  check(kareus_workload_partitions_json(workload_path.c_str(), &json));
+  return py::module_::import("json").attr("loads")(py::str(json)).attr("__getitem__")(
+      "partitions");
+}
+
 class Plan {
  public:
   Plan(std::string path, std::string workload)
@@ -569,6 +578,12 @@ PYBIND11_MODULE(_core, m) {
         "for chunks == 1, else interleaved 1F1B (Megatron-LM's virtual pipeline stages; chunk c "
         "of stage s is virtual stage c * stages + s). InvalidInputError for a shape the "
         "schedule does not allow.");
+  m.def("workload_partitions", &workload_partitions, py::arg("workload_path"),
+        "The partitions of the workload's kernel graph, the planner's: a list of dicts with "
+        "'key', 'direction', 'ops' (compute op names in order), 'slots' ([{'name', "
+        "'op_index'}]: the other nano-batch's collective is launched before ops[op_index]), "
+        "'collective' ({'name', 'kind', 'group'}) and 'comm_tail' (kernels the communication "
+        "stream runs after the collective).");
   m.def("schedule_name", &schedule_name, py::arg("stages"), py::arg("chunks"),
         py::arg("microbatches"), "'1f1b' or 'interleaved-1f1b'.");
 

@@ -167,6 +167,15 @@ int kareus_schedule_order(int stages, int chunks, int microbatches, int stage,
 /* Name of that schedule: "1f1b" or "interleaved-1f1b" (static storage). */
 int kareus_schedule_name(int stages, int chunks, int microbatches, const char** name);
 
+/* The partitions of a workload's kernel graph (the planner's, src/partition/partitioner.cc),
+ * so that an executor runs the same ops with the same slot names: a JSON document
+ * {"partitions": [{"key", "direction" ("forward"|"backward"), "ops": [op names, in order],
+ * "slots": [{"name", "op_index"}], "collective": {"name", "kind", "group"},
+ * "comm_tail": [kernel names]}, ...]} (keys in first-seen order). The string stays valid until
+ * the calling thread's next call of this function. KAREUS_ERR_INVALID_INPUT for a bad
+ * workload file (the message names file and field). */
+int kareus_workload_partitions_json(const char* workload_path, const char** json);
+
 /* ---- Frequency controller: one process (kareus-freqd) per GPU, child of the caller. */
 typedef struct kareus_controller_options {
   /* Which GPU: gpu_uuid if set, else pci_bus_id if set, else gpu_index (NVML's index, which is

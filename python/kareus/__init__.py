@@ -19,6 +19,7 @@ Classes: :class:`Plan`, :class:`Instruction`, :class:`Partition`, :class:`MixEnt
 :func:`schedule_order` gives a stage's instruction order, (kind, chunk, microbatch) tuples, from
 the C++ pipeline schedule (synchronous or interleaved 1F1B); instructions are named by
 (kind, chunk, microbatch), and the hooks take ``chunk=`` on an interleaved plan.
+:func:`workload_partitions` gives the kernel graph's partitions (op lists, slot names).
 ``kareus.torch`` holds the PyTorch side (hooks object for a schedule, nano-batched TP layers).
 ``kareus.replan`` closes the loop in a running job: a straggler rule on the monitor's per-stage
 times and a re-plan from the stored frontier (``kareus plan --from ... --stage-slowdown``).
@@ -46,11 +47,12 @@ from ._core import (  # noqa: F401
     __version__,
     schedule_name,
     schedule_order,
+    workload_partitions,
 )
 
 __all__ = [
     "BACKWARD", "FORWARD", "PLAN_FORMAT_VERSION", "ArgumentError", "Controller", "Error", "Hooks",
     "Instruction", "InternalError", "InvalidInputError", "MixEntry", "Monitor",
     "NotSupportedError", "OrderError", "Partition", "Plan", "StateError", "__version__",
-    "schedule_name", "schedule_order",
+    "schedule_name", "schedule_order", "workload_partitions",
 ]

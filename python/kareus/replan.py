@@ -203,7 +203,7 @@ class ClosedLoop:
     job's aggregated per-stage busy times (the same list on every rank). It returns the path of
     a new plan to switch to from the next iteration, or None. Rank 0 runs the re-plan; the path
     (or the error) reaches the other ranks through ``group`` (torch.distributed's
-    broadcast_object_list), so every rank switches at the same boundary or none does.
+    broadcast_json), so every rank switches at the same boundary or none does.
     """
 
     def __init__(self, plan_path: str, frontier: str, goal: Dict[str, Any], rank: int,
@@ -227,6 +227,8 @@ class ClosedLoop:
         import torch.distributed as dist
 
         out = os.path.join(self.workdir, f"plan-replan-{len(self.replans) + 1}.json")
+        from .comm import broadcast_json
+
         msg: List[Any] = [None]
         if self.rank == 0:
             try:
@@ -234,7 +236,7 @@ class ClosedLoop:
                                                         d.stage_slowdown, self.method, self.cli)}
             except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
                 msg[0] = {"error": str(e)}
-        dist.broadcast_object_list(msg, src=0, group=self.group)
+        msg[0] = broadcast_json(msg[0], src=0, group=self.group)
         if "error" in msg[0]:
             raise RuntimeError(f"re-plan at iteration {iteration}: {msg[0]['error']}")
         with open(msg[0]["path"]) as f:

@@ -13,14 +13,16 @@ ops one by one, so that the launch point of every collective is the plan's, in b
 The layer is Megatron-LM's (Shoeybi et al., 2019; Narayanan et al., SC '21): RMSNorm, GQA
 attention with RoPE, SwiGLU MLP; QKV and FC1 are column-parallel (their input gradient is
 AllReduced in backward), the output projection and FC2 are row-parallel (their output is
-AllReduced in forward). The op lists and slot names are those of Kareus's kernel graph
-(src/workload/kernel_graph.cc), so that a plan's slot means the same op here and in the planner.
+AllReduced in forward). The op lists and slot names come from Kareus's C++ kernel graph
+through the module (``kareus.workload_partitions``, :class:`KernelGraphBlocks`), so that a
+plan's slot means the same op here and in the planner. Sequence and context parallelism
+(kareus.parallel) run in the layer's plain ``forward``; the nano-batched stack runs TP only.
 
 Collectives go through ``torch.distributed`` with ``async_op=True``; on CPU that is gloo, on GPUs
-NCCL. torch 1.13's NCCL process group cannot limit the CTAs (SMs) of one collective or one
-communicator (NCCL reads its CTA variables once per process); see docs/runtime.md. The SM count
-of each partition is handed to ``group_for_sms`` so a job on a newer torch, whose NCCL process
-group options take an ``ncclConfig_t``, can map it to a communicator with matching limits.
+NCCL. The SM count of each partition is handed to ``group_for_sms``; :class:`SmGroups`
+(kareus.comm) maps it to a communicator created with ``min_ctas = max_ctas`` = that count in
+its ``ncclConfig_t`` (torch 2.x). :func:`instrument_stages` (kareus.pipelining) puts the hooks
+into ``torch.distributed.pipelining`` schedules. See docs/runtime.md.
 """
 
 from __future__ import annotations
@@ -34,7 +36,17 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from .parallel import cp_causal_attention, gather_along, scatter_along  # noqa: E402,F401
+from .comm import SmGroups, all_gather_json, nccl_options, plan_sm_counts  # noqa: E402,F401
+from .pipelining import KareusInterleaved1F1B, instrument_stages, kareus_schedule  # noqa: E402,F401
+
 __all__ = [
+    "SmGroups",
+    "nccl_options",
+    "plan_sm_counts",
+    "instrument_stages",
+    "KareusInterleaved1F1B",
+    "kareus_schedule",
     "ModelShape",
     "PartitionChoice",
     "InstructionSettings",
@@ -43,7 +55,7 @@ __all__ = [
     "NanoBatchedStack",
     "copy_to_tp",
     "reduce_from_tp",
-    "BLOCK_SLOTS",
+    "KernelGraphBlocks",
     "local_gpu_pci_bus_id",
     "aggregate_iteration",
     "merge_iteration_records",
@@ -85,51 +97,44 @@ def local_gpu_pci_bus_id(device: Optional[int] = None, driver_library: str = "li
     return buf.value.decode()
 
 
-# Compute ops of each block and the slots among them, in execution order. Mirrors
-# src/workload/kernel_graph.cc (TP without sequence or context parallelism): a slot named here is
-# launched right before the op it is attached to.
-_BLOCK_OPS: Dict[str, List[Tuple[str, Optional[str]]]] = {
-    "fwd_attn": [
-        ("residual_add", "norm"),
-        ("rmsnorm", None),
-        ("qkv_gemm", "qkv"),
-        ("rope", "rope"),
-        ("attention", "attn"),
-        ("out_proj", None),
-    ],
-    "fwd_mlp": [
-        ("residual_add", "norm"),
-        ("rmsnorm", None),
-        ("fc1", "linear"),
-        ("swiglu", "activation"),
-        ("fc2", None),
-    ],
-    "bwd_mlp": [
-        ("rmsnorm_bwd", "norm"),
-        ("residual_grad_add", None),
-        ("fc2_dgrad", "linear"),
-        ("fc2_wgrad", None),
-        ("swiglu_bwd", "activation"),
-        ("fc1_dgrad", None),
-        ("fc1_wgrad", None),
-    ],
-    "bwd_attn": [
-        ("rmsnorm_bwd", "norm"),
-        ("residual_grad_add", None),
-        ("out_proj_dgrad", "linear"),
-        ("out_proj_wgrad", None),
-        ("attention_bwd", "attn"),
-        ("rope_bwd", "rope"),
-        ("qkv_dgrad", None),
-        ("qkv_wgrad", None),
-    ],
-}
+class KernelGraphBlocks:
+    """The compute ops and slots of every partition, from Kareus's C++ kernel graph.
 
-#: Slot name -> index of the op it precedes, per partition key.
-BLOCK_SLOTS: Dict[str, Dict[str, int]] = {
-    key: {slot: i for i, (_, slot) in enumerate(ops) if slot is not None}
-    for key, ops in _BLOCK_OPS.items()
-}
+    ``partitions``: ``kareus.workload_partitions(workload_path)`` (the planner's partitions of
+    that workload). A slot names the op before which the other nano-batch's collective is
+    launched; taking ops and slots from the graph, not from a copy here, is what makes a plan's
+    slot mean the same op in the planner and in this executor. The executor's own blocks are
+    checked against these op lists when a stack is built (a graph change that the executor
+    does not follow fails there, naming both lists).
+    """
+
+    def __init__(self, partitions: Sequence[Dict[str, Any]]):
+        self.ops: Dict[str, List[str]] = {}
+        self.slots: Dict[str, Dict[str, int]] = {}
+        for p in partitions:
+            self.ops.setdefault(p["key"], list(p["ops"]))
+            self.slots.setdefault(p["key"], {s["name"]: int(s["op_index"]) for s in p["slots"]})
+
+    @staticmethod
+    def of_workload(path: str) -> "KernelGraphBlocks":
+        import kareus  # the C++ module
+
+        return KernelGraphBlocks(kareus.workload_partitions(path))
+
+    def default_slot(self, key: str) -> str:
+        """The slot at the partition's start (the Nanobatching baseline's launch point)."""
+        slots = self.slots[key]
+        return min(slots, key=lambda name: slots[name])
+
+    def check(self, key: str, executor_ops: Sequence[str]) -> None:
+        want = self.ops.get(key)
+        if want is None:
+            raise ValueError(f"kareus.torch: the kernel graph has no partition '{key}' (it has "
+                             f"{', '.join(self.ops)}); this executor runs tensor parallelism "
+                             "with dense layers")
+        if list(executor_ops) != want:
+            raise ValueError(f"kareus.torch: partition '{key}': the kernel graph's ops are "
+                             f"{want}, the executor's {list(executor_ops)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,7 +236,7 @@ class PipelineHooks:
     """
 
     def __init__(self, plan: Any, rank: int, controller: Any = None, monitor: Any = None):
-        self.rank = rank
+        self.rank, self.plan = rank, plan
         self._hooks = None
         self._monitor = None
         if plan is not None:
@@ -355,8 +360,9 @@ def merge_iteration_records(records: Sequence[Dict[str, Any]]) -> Dict[str, Any]
 def aggregate_iteration(record: Dict[str, Any], group: Any = None) -> Dict[str, Any]:
     """The job's figures of one iteration: every rank passes its own ``Monitor.end_iteration()``
     record; the records are all-gathered through the job's process group (``group``, default the
-    world; ``torch.distributed.all_gather_object``, which works on gloo and, with the current
-    CUDA device set, on NCCL) and merged by :func:`merge_iteration_records` on every rank, so
+    world; JSON bytes through ``all_gather``, on gloo and, with the current CUDA device set, on
+    NCCL; not ``all_gather_object``, which needs numpy on torch 2.x) and merged by
+    :func:`merge_iteration_records` on every rank, so
     every rank returns the same dict: ``time_s`` max over the ranks, ``energy_j`` sum (None if a
     rank lacks it), ``avg_power_per_gpu_w``, and ``stage_busy_time_s``, a list indexed by stage
     (the max over the stage's ranks of their busy time: what a re-planner compares with the
@@ -366,9 +372,7 @@ def aggregate_iteration(record: Dict[str, Any], group: Any = None) -> Dict[str, 
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("aggregate_iteration needs an initialized torch.distributed process "
                            "group (use merge_iteration_records for records at hand)")
-    gathered: List[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, record, group=group)
-    return merge_iteration_records(gathered)
+    return merge_iteration_records(all_gather_json(record, group))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -428,19 +432,23 @@ class ModelShape:
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+    # The mean of squares in fp32: in bf16 its 8-bit mantissa would round the scale itself.
+    scale = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    return (x.float() * scale).to(x.dtype) * weight
 
 
-def _rope_tables(seq: int, dim: int, dtype, device) -> Tuple[torch.Tensor, torch.Tensor]:
+def _rope_tables(seq: int, dim: int, dtype, device,
+                 offset: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     inv = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-    ang = torch.outer(torch.arange(seq, dtype=torch.float64), inv)
+    ang = torch.outer(torch.arange(offset, offset + seq, dtype=torch.float64), inv)
     ang = torch.cat([ang, ang], dim=-1)
     return ang.cos().to(dtype=dtype, device=device), ang.sin().to(dtype=dtype, device=device)
 
 
-def apply_rope(x: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding (Su et al., 2021; rotate-half form) of x [batch, seq, heads, head_dim]."""
-    cos, sin = _rope_tables(x.shape[1], x.shape[-1], x.dtype, x.device)
+def apply_rope(x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    """Rotary embedding (Su et al., 2021; rotate-half form) of x [batch, seq, heads, head_dim]
+    whose first position is ``offset`` (a context-parallel shard's start)."""
+    cos, sin = _rope_tables(x.shape[1], x.shape[-1], x.dtype, x.device, offset)
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
@@ -448,17 +456,20 @@ def apply_rope(x: torch.Tensor) -> torch.Tensor:
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal GQA attention: q [b, s, hq, d], k/v [b, s, hkv, d] -> [b, s, hq*d]."""
+    """Causal GQA attention: q [b, s, hq, d], k/v [b, s, hkv, d] -> [b, s, hq*d].
+
+    ``F.scaled_dot_product_attention`` picks FlashAttention-2 (Dao, 2023) or the memory-efficient
+    kernel on GPUs, the kernel the planner's attention op models; K/V heads are repeated for GQA
+    rather than passed with ``enable_gqa`` so that torch before 2.5 runs it too.
+    """
     b, s, hq, d = q.shape
     rep = hq // k.shape[2]
     if rep > 1:
         k = k.repeat_interleave(rep, dim=2)
         v = v.repeat_interleave(rep, dim=2)
-    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    scores = qt @ kt.transpose(-1, -2) / math.sqrt(d)
-    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
-    probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
-    return (probs @ vt).transpose(1, 2).reshape(b, s, hq * d)
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       is_causal=True)
+    return o.transpose(1, 2).reshape(b, s, hq * d)
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
@@ -469,15 +480,20 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 class TPTransformerLayer(nn.Module):
     """One Llama-like decoder layer, sharded Megatron-style over the TP group.
 
-    Parameters are created from the full (unsharded) weights drawn with ``seed``, so every TP
-    layout of the same seed computes the same function. ``forward`` is the plain schedule
+    Each rank draws only its shard (column-parallel QKV/FC1 rows, row-parallel output
+    projection/FC2 columns), row by row from generators seeded by ``seed``, so every TP layout of
+    the same seed computes the same function. ``dtype``: bf16 by default, as trained on GPUs;
+    fp32 for references (the tests). ``forward`` is the plain schedule
     (whole micro-batch, synchronous collectives, autograd); :class:`NanoBatchedStack` runs the
     same parameters nano-batched.
     """
 
     def __init__(self, shape: ModelShape, tp_rank: int, tp_size: int, group, seed: int,
-                 dtype=torch.float32):
+                 dtype=torch.bfloat16, sequence_parallel: bool = False, cp_group: Any = None):
         super().__init__()
+        if sequence_parallel and tp_size < 2:
+            raise ValueError("kareus.torch: sequence parallelism needs tp > 1")
+        self.sequence_parallel, self.cp_group = sequence_parallel, cp_group
         for name, n in (("heads", shape.heads), ("kv_heads", shape.kv_heads),
                         ("ffn_hidden", shape.ffn_hidden)):
             if n % tp_size:
@@ -485,31 +501,36 @@ class TPTransformerLayer(nn.Module):
         self.shape, self.group, self.tp_size = shape, group, tp_size
         h, d, f = shape.hidden, shape.head_dim, shape.ffn_hidden
         self.hq, self.hkv, self.f = shape.heads // tp_size, shape.kv_heads // tp_size, f // tp_size
-        g = torch.Generator().manual_seed(seed)
-
-        def draw(*size, scale):
-            return (torch.randn(*size, generator=g, dtype=torch.float64) * scale).to(dtype)
-
-        wq = draw(shape.heads * d, h, scale=h ** -0.5)
-        wk = draw(shape.kv_heads * d, h, scale=h ** -0.5)
-        wv = draw(shape.kv_heads * d, h, scale=h ** -0.5)
-        wo = draw(h, shape.heads * d, scale=(shape.heads * d) ** -0.5)
-        w_gate = draw(f, h, scale=h ** -0.5)
-        w_up = draw(f, h, scale=h ** -0.5)
-        w2 = draw(h, f, scale=f ** -0.5)
-        norm1 = 1.0 + 0.1 * draw(h, scale=1.0)
-        norm2 = 1.0 + 0.1 * draw(h, scale=1.0)
-
         r = tp_rank
-        qs, ks = slice(r * self.hq * d, (r + 1) * self.hq * d), slice(r * self.hkv * d,
-                                                                     (r + 1) * self.hkv * d)
-        fs = slice(r * self.f, (r + 1) * self.f)
-        self.norm1 = nn.Parameter(norm1.clone())
-        self.wqkv = nn.Parameter(torch.cat([wq[qs], wk[ks], wv[ks]], dim=0).contiguous())
-        self.wo = nn.Parameter(wo[:, qs].contiguous())
-        self.norm2 = nn.Parameter(norm2.clone())
-        self.w1 = nn.Parameter(torch.cat([w_gate[fs], w_up[fs]], dim=0).contiguous())
-        self.w2 = nn.Parameter(w2[:, fs].contiguous())
+
+        # Each row is drawn from its own generator, seeded by (layer seed, tensor, row), so a
+        # rank draws only its shard and every TP layout of one seed computes the same function.
+        def rows(tensor: int, first: int, count: int, cols: int, scale: float) -> torch.Tensor:
+            out = torch.empty(count, cols, dtype=torch.float32)
+            for i in range(count):
+                g = torch.Generator().manual_seed(
+                    (seed * 1_000_003 + tensor * 65_537 + first + i) % (2 ** 62))
+                out[i] = torch.randn(cols, generator=g, dtype=torch.float32) * scale
+            return out
+
+        def norm_weight(tensor: int) -> torch.Tensor:
+            return 1.0 + 0.1 * rows(tensor, 0, 1, h, 1.0)[0]
+
+        hq_d, hkv_d = self.hq * d, self.hkv * d
+        wq = rows(0, r * hq_d, hq_d, h, h ** -0.5)  # column-parallel: output rows of this rank
+        wk = rows(1, r * hkv_d, hkv_d, h, h ** -0.5)
+        wv = rows(2, r * hkv_d, hkv_d, h, h ** -0.5)
+        # Row-parallel: input columns of this rank, drawn as rows of the transpose.
+        wo = rows(3, r * hq_d, hq_d, h, (shape.heads * d) ** -0.5).t()
+        w_gate = rows(4, r * self.f, self.f, h, h ** -0.5)
+        w_up = rows(5, r * self.f, self.f, h, h ** -0.5)
+        w2 = rows(6, r * self.f, self.f, h, f ** -0.5).t()
+        self.norm1 = nn.Parameter(norm_weight(7).to(dtype))
+        self.wqkv = nn.Parameter(torch.cat([wq, wk, wv], dim=0).to(dtype).contiguous())
+        self.wo = nn.Parameter(wo.to(dtype).contiguous())
+        self.norm2 = nn.Parameter(norm_weight(8).to(dtype))
+        self.w1 = nn.Parameter(torch.cat([w_gate, w_up], dim=0).to(dtype).contiguous())
+        self.w2 = nn.Parameter(w2.to(dtype).contiguous())
 
     def params(self) -> List[nn.Parameter]:
         """In the order :class:`NanoBatchedStack` passes them through autograd."""
@@ -522,19 +543,38 @@ class TPTransformerLayer(nn.Module):
         return q.reshape(b, s, self.hq, d), k.reshape(b, s, self.hkv, d), v.reshape(
             b, s, self.hkv, d)
 
-    def rope(self, qkv: torch.Tensor):
+    def rope(self, qkv: torch.Tensor, offset: int = 0):
         q, k, v = self.split_qkv(qkv)
         if self.shape.rope:
-            q, k = apply_rope(q), apply_rope(k)
+            q, k = apply_rope(q, offset), apply_rope(k, offset)
         return q, k, v
 
+    def _enter(self, n: torch.Tensor) -> torch.Tensor:
+        """Into a TP region: Megatron's f (identity, gradient AllReduced), or with sequence
+        parallelism the all-gather along the sequence (gradient reduce-scattered)."""
+        if self.sequence_parallel:
+            return gather_along(n, 1, self.group)
+        return copy_to_tp(n, self.group)
+
+    def _exit(self, y: torch.Tensor) -> torch.Tensor:
+        """Out of a TP region: AllReduce, or reduce-scatter along the sequence."""
+        if self.sequence_parallel:
+            return scatter_along(y, 1, self.group)
+        return reduce_from_tp(y, self.group)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The plain schedule. ``x`` [b, s', h]: with sequence parallelism s' is this TP rank's
+        share of the CP shard; with context parallelism the CP shard is this CP rank's
+        contiguous share of the sequence (positions from cp_rank * shard)."""
         eps = self.shape.norm_eps
-        n1 = copy_to_tp(rmsnorm(x, self.norm1, eps), self.group)
-        q, k, v = self.rope(F.linear(n1, self.wqkv))
-        x = x + reduce_from_tp(F.linear(causal_attention(q, k, v), self.wo), self.group)
-        n2 = copy_to_tp(rmsnorm(x, self.norm2, eps), self.group)
-        return x + reduce_from_tp(F.linear(swiglu(F.linear(n2, self.w1)), self.w2), self.group)
+        n1 = self._enter(rmsnorm(x, self.norm1, eps))
+        offset = 0 if self.cp_group is None else dist.get_rank(self.cp_group) * n1.shape[1]
+        q, k, v = self.rope(F.linear(n1, self.wqkv), offset)
+        o = causal_attention(q, k, v) if self.cp_group is None else \
+            cp_causal_attention(q, k, v, self.cp_group)
+        x = x + self._exit(F.linear(o, self.wo))
+        n2 = self._enter(rmsnorm(x, self.norm2, eps))
+        return x + self._exit(F.linear(swiglu(F.linear(n2, self.w1)), self.w2))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -774,8 +814,8 @@ class _Builder:
 
         ops = [("rmsnorm_bwd", self._norm_bwd), ("residual_grad_add", self._residual_grad_add),
                ("out_proj_dgrad", out_dgrad), ("out_proj_wgrad", out_wgrad),
-               ("attention_bwd", attn_bwd), ("rope_bwd", rope_bwd), ("qkv_dgrad", qkv_dgrad),
-               ("qkv_wgrad", qkv_wgrad)]
+               ("attention_bwd", attn_bwd), ("rope_bwd", rope_bwd), ("qkv_gemm_dgrad", qkv_dgrad),
+               ("qkv_gemm_wgrad", qkv_wgrad)]
         return _Block("bwd_attn", l, ops, lambda s: s.out, deliver)
 
 
@@ -796,7 +836,8 @@ class TraceEvent:
 
 
 def _run_chain(blocks: List[_Block], states: List[_NB], cursor: _Cursor, group_for_sms,
-               direction: str, trace: Optional[List[TraceEvent]]) -> None:
+               direction: str, trace: Optional[List[TraceEvent]],
+               graph: KernelGraphBlocks) -> None:
     """Runs NB0 b0, NB1 b0, NB0 b1, NB1 b1, ...: each nano-batch's collective is launched
     asynchronously right before the plan's slot op of the other nano-batch's next block and
     waited at that block's end; the last collective runs alone (the stack tail)."""
@@ -808,9 +849,9 @@ def _run_chain(blocks: List[_Block], states: List[_NB], cursor: _Cursor, group_f
         launch_at, sms, handle = -1, None, None
         if pending is not None:
             choice = cursor.next(blk.key)
-            slot = choice.slot if choice is not None else _BLOCK_OPS[blk.key][0][1]
+            slot = choice.slot if choice is not None else graph.default_slot(blk.key)
             sms = choice.sms if choice is not None else None
-            allowed = BLOCK_SLOTS[blk.key]
+            allowed = graph.slots[blk.key]
             if slot not in allowed:
                 raise ValueError(f"kareus.torch: partition '{blk.key}': unknown launch slot "
                                  f"'{slot}'; allowed: {', '.join(allowed)}")
@@ -893,7 +934,7 @@ class _NanoStackFunction(torch.autograd.Function):
             _run_sequential(blocks, states[0], stack.group_for_sms, "forward", stack.trace)
         else:
             _run_chain(blocks, states, _Cursor(settings), stack.group_for_sms, "forward",
-                       stack.trace)
+                       stack.trace, stack.graph)
         out = torch.cat([(s.r.detach() + s.y) for s in states], dim=0)
         if stack.recompute:
             ctx.ckpts = [dict(s.ckpt) for s in states]  # layer inputs only
@@ -938,7 +979,7 @@ class _NanoStackFunction(torch.autograd.Function):
             _run_sequential(blocks, states[0], stack.group_for_sms, "backward", stack.trace)
         else:
             _run_chain(blocks, states, _Cursor(settings), stack.group_for_sms, "backward",
-                       stack.trace)
+                       stack.trace, stack.graph)
         for s in states:  # the stack input's gradient: the last norm backward and residual add
             b._norm_bwd(s)
             b._residual_grad_add(s)
@@ -961,6 +1002,8 @@ class NanoBatchedStack(nn.Module):
     ``group_for_sms(sms)`` returns the process group a collective with that SM count uses
     (``sms`` is None where the plan gives none); by default the layers' TP group.
     ``trace``: a list that receives a :class:`TraceEvent` per collective, or None.
+    ``graph``: the kernel graph's op lists and slots (:class:`KernelGraphBlocks`); by default
+    those of the hooks' plan's workload.
     ``chunk``: the model chunk of the stage these layers are (interleaved schedules: a stage
     holds one stack per chunk, ``Plan.chunk_layers(stage, chunk)`` gives its layers, and the
     schedule runs stack ``c`` for an instruction of chunk ``c``); running it while the open
@@ -972,12 +1015,31 @@ class NanoBatchedStack(nn.Module):
     def __init__(self, layers: Sequence[TPTransformerLayer], hooks: Any = None,
                  recompute: bool = True, group_for_sms: Optional[Callable[[Optional[int]],
                                                                           Any]] = None,
-                 trace: Optional[List[TraceEvent]] = None, chunk: int = 0):
+                 trace: Optional[List[TraceEvent]] = None, chunk: int = 0,
+                 graph: Optional[KernelGraphBlocks] = None):
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self.hooks, self.recompute, self.trace, self.chunk = hooks, recompute, trace, chunk
         group = layers[0].group if layers else None
         self.group_for_sms = group_for_sms or (lambda sms: group)
+        if graph is None:
+            plan = getattr(hooks, "plan", None)
+            if plan is None:
+                raise ValueError("kareus.torch: NanoBatchedStack needs the kernel graph's op "
+                                 "lists: hooks with a plan, or graph=KernelGraphBlocks."
+                                 "of_workload(workload_path)")
+            graph = KernelGraphBlocks.of_workload(plan.workload_path)
+        self.graph = graph
+        for layer in layers:
+            if layer.sequence_parallel or layer.cp_group is not None:
+                raise ValueError("kareus.torch: NanoBatchedStack runs tensor parallelism only; "
+                                 "sequence- and context-parallel layers run plainly "
+                                 "(layer.forward), see docs/runtime.md")
+        if layers:  # the executor's blocks against the graph's, once
+            b = _Builder(self.layers, [w for layer in self.layers for w in layer.params()], [])
+            for blk in (b.fwd_attn(0, True, False), b.fwd_mlp(0, True, False), b.bwd_mlp(0),
+                        b.bwd_attn(0)):
+                graph.check(blk.key, [name for name, _ in blk.ops])
 
     def _settings_for(self, kind: str) -> Optional[InstructionSettings]:
         s = None if self.hooks is None else getattr(self.hooks, "current", None)

@@ -19,6 +19,7 @@
 
 #include "kareus/error.h"
 #include "kareus/monitor.h"
+#include "kareus/partition.h"
 #include "kareus/plan.h"
 #include "kareus/plan_check.h"
 #include "kareus/runtime.h"
@@ -429,6 +430,33 @@ int kareus_schedule_name(int stages, int chunks, int microbatches, const char** 
   return guarded(__func__, [&] {
     need(name, "name");
     *name = kareus::Schedule(stages, chunks, microbatches).name();
+  });
+}
+
+int kareus_workload_partitions_json(const char* workload_path, const char** json) {
+  thread_local std::string text;
+  return guarded(__func__, [&] {
+    need(json, "json");
+    const auto set = kareus::partition_workload(kareus::load_workload(need(workload_path,
+                                                                          "workload_path")));
+    nlohmann::json parts = nlohmann::json::array();
+    for (const auto& p : set.partitions) {
+      nlohmann::json ops = nlohmann::json::array(), slots = nlohmann::json::array(),
+                     tail = nlohmann::json::array();
+      for (const auto& k : p.compute_ops) ops.push_back(k.name);
+      for (const auto& s : p.slots) slots.push_back({{"name", s.name}, {"op_index", s.op_index}});
+      for (const auto& k : p.comm_tail) tail.push_back(k.name);
+      parts.push_back({{"key", p.key},
+                       {"direction", kareus::to_string(p.direction)},
+                       {"ops", ops},
+                       {"slots", slots},
+                       {"collective", {{"name", p.collective.name},
+                                       {"kind", kareus::to_string(p.collective.collective)},
+                                       {"group", kareus::to_string(p.collective.group)}}},
+                       {"comm_tail", tail}});
+    }
+    text = nlohmann::json{{"partitions", parts}}.dump();
+    *json = text.c_str();
   });
 }
 

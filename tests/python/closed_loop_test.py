@@ -38,6 +38,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import functional_test as ft  # noqa: E402  (rank process helpers)
+
 ITERATIONS = 20
 SLOW_FROM = 8
 SLOW_RANK = 3
@@ -195,16 +198,7 @@ def driver(args) -> None:
             [sys.executable, __file__, "--rank", str(rank), "--world", str(world), "--plan", plan,
              "--frontier", frontier, "--workload", args.workload, "--workdir", args.workdir,
              "--kareus", args.kareus, "--fake-nvml", args.fake_nvml], env=env))
-    end = time.monotonic() + BUDGET_S - (time.monotonic() - t0) - 10
-    for p in procs:
-        try:
-            p.wait(timeout=max(1.0, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            fail("ranks did not finish in time")
-    if any(p.returncode != 0 for p in procs):
-        fail(f"rank exit codes {[p.returncode for p in procs]}")
+    ft.wait_ranks(procs, BUDGET_S - (time.monotonic() - t0) - 10)
     print(f"{world} ranks, {ITERATIONS} iterations, done after {time.monotonic() - t0:.1f} s",
           flush=True)
     res = []

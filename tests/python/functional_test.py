@@ -52,23 +52,89 @@ BUDGET_S = 110.0  # all of the driver's waits together; ctest kills the test at 
 
 
 # ---------------------------------------------------------------------------------------------
-# One rank (a child process).
+# Shared with pipelining_test.py.
 
 
-def rank_main(args) -> None:
+def start_rank(args):
+    """Seeds, joins the gloo job and loads the plan: (torch, dist, kareus, kt, plan)."""
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
 
     import kareus
     from kareus import torch as kt
 
     torch.manual_seed(SEED)
     torch.use_deterministic_algorithms(True)
+    dist.init_process_group("gloo", init_method=f"file://{args.workdir}/rendezvous",
+                            rank=args.rank, world_size=args.world)
+    return torch, dist, kareus, kt, kareus.Plan(args.plan, args.workload)
+
+
+def embedding_and_head(torch, shape):
+    """The full embedding and output-layer weights (every rank draws the same)."""
+    g = torch.Generator().manual_seed(SEED)
+    emb_full = torch.randn(shape.vocab, shape.hidden, generator=g) * 0.5
+    head_full = torch.randn(shape.vocab, shape.hidden, generator=g) * shape.hidden ** -0.5
+    return emb_full, head_full
+
+
+def wait_for_locks(log_path: str, count: int, timeout_s: float = 10.0) -> None:
+    """Stopping drops targets still queued (a stopping job wants its reset, not a backlog), so
+    wait, bounded, until the controller has applied `count` clocks."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open(log_path) as f:
+            if sum('"event": "lock"' in line for line in f) >= count:
+                return
+        time.sleep(0.01)
+
+
+def make_plan(kareus_bin: str, workload: str, path: str, timeout_s: float) -> dict:
+    # Clock switches free (the paper's model): this workload's instructions last well under a
+    # switch, so with the catalogue's cost the plan would keep one clock, and a clock sequence is
+    # what is tested here.
+    r = subprocess.run([kareus_bin, "plan", workload, "--min-energy", "--no-fallback",
+                        "--clock-switch-ms", "0", "--out", path],
+                       capture_output=True, text=True, timeout=timeout_s)
+    if r.returncode != 0:
+        fail(f"kareus plan exited {r.returncode}: {r.stderr[-2000:]}")
+    with open(path) as f:
+        return json.load(f)
+
+
+def run_ranks(script: str, world: int, plan: str, args, timeout_s: float) -> None:
+    """Runs `script --rank r` for every rank (an argument vector each) and waits, bounded."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    procs = [subprocess.Popen([sys.executable, script, "--rank", str(r), "--world", str(world),
+                               "--plan", plan, "--workload", args.workload, "--workdir",
+                               args.workdir], env=env) for r in range(world)]
+    wait_ranks(procs, timeout_s)
+
+
+def wait_ranks(procs, timeout_s: float) -> None:
+    """Waits for every rank process, all within timeout_s; kills them all and fails past it or
+    if one failed."""
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            fail(f"ranks did not finish within {timeout_s:.0f} s")
+    if any(p.returncode != 0 for p in procs):
+        fail(f"rank exit codes {[p.returncode for p in procs]}")
+
+
+# ---------------------------------------------------------------------------------------------
+# One rank (a child process).
+
+
+def rank_main(args) -> None:
+    import torch.nn.functional as F
+
+    torch, dist, kareus, kt, plan = start_rank(args)
     rank, world = args.rank, args.world
-    dist.init_process_group("gloo", init_method=f"file://{args.workdir}/rendezvous", rank=rank,
-                            world_size=world)
-    plan = kareus.Plan(args.plan, args.workload)
     w = plan.workload
     tp, pp, mbs, chunks = w["tp"], w["pp"], w["micro_batches"], plan.chunks
     assert w["cp"] == 1 and w["dp"] == 1 and tp * pp == world, w
@@ -87,14 +153,13 @@ def rank_main(args) -> None:
     for c in range(chunks):
         n, first_layer = plan.chunk_layers(stage, c)
         layers = [kt.TPTransformerLayer(shape, tp_rank, tp, tp_group,
-                                        seed=SEED + 1 + first_layer + i) for i in range(n)]
+                                        seed=SEED + 1 + first_layer + i, dtype=torch.float32)
+                  for i in range(n)]
         chunk_layers.append(layers)
         params.update({f"layer{first_layer + i}.{name}": p for i, layer in enumerate(layers)
                        for name, p in layer.named_parameters()})
     first, last = stage == 0, stage == pp - 1  # hold the first / last virtual stage
-    g = torch.Generator().manual_seed(SEED)
-    emb_full = torch.randn(shape.vocab, shape.hidden, generator=g) * 0.5
-    head_full = torch.randn(shape.vocab, shape.hidden, generator=g) * shape.hidden ** -0.5
+    emb_full, head_full = embedding_and_head(torch, shape)
     vocab_local = shape.vocab // tp
     if first:  # vocab-parallel embedding (Megatron): each TP rank holds a slice of the rows
         emb = torch.nn.Parameter(emb_full[tp_rank * vocab_local:(tp_rank + 1) * vocab_local]
@@ -198,15 +263,7 @@ def rank_main(args) -> None:
         nano = [kt.NanoBatchedStack(layers, hooks, recompute=w["recompute"], trace=trace, chunk=c)
                 for c, layers in enumerate(chunk_layers)]
         nano_losses, nano_grads = iteration(nano, hooks)
-        # Stopping drops targets still queued (a stopping job wants its reset, not a backlog),
-        # so wait, bounded, until the controller has applied the stage's clocks.
-        want_locks = len(plan.clock_sequence(stage))
-        deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline:
-            with open(log_path) as f:
-                if sum('"event": "lock"' in line for line in f) >= want_locks:
-                    break
-            time.sleep(0.01)
+        wait_for_locks(log_path, len(plan.clock_sequence(stage)))
 
     def rel(a, b):
         return (a - b).abs().max().item() / max(b.abs().max().item(), 1e-30)
@@ -309,34 +366,13 @@ def driver(args) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
 
     plan = os.path.join(args.workdir, "plan.json")
-    # Clock switches free (the paper's model): this workload's instructions last well under a
-    # switch, so with the catalogue's cost the plan would keep one clock, and a clock sequence is
-    # what is tested here.
-    r = subprocess.run([args.kareus, "plan", args.workload, "--min-energy", "--no-fallback",
-                        "--clock-switch-ms", "0", "--out", plan],
-                       capture_output=True, text=True, timeout=min(60.0, left()))
-    if r.returncode != 0:
-        fail(f"kareus plan exited {r.returncode}: {r.stderr[-2000:]}")
-    with open(plan) as f:
-        plan_json = json.load(f)
+    plan_json = make_plan(args.kareus, args.workload, plan, min(60.0, left()))
     world = plan_json["workload"]["gpus"]
     print(f"plan: {plan} ({plan_json['goal']}, {world} ranks) after {time.monotonic() - t0:.1f} s",
           flush=True)
 
-    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
-    procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--world", str(world),
-                               "--plan", plan, "--workload", args.workload, "--workdir",
-                               args.workdir], env=env) for r in range(world)]
-    deadline = time.monotonic() + min(args.timeout_s, left() - 30.0)
-    for p in procs:
-        try:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            fail(f"ranks did not finish within {args.timeout_s} s")
-    if any(p.returncode != 0 for p in procs):
-        fail(f"rank exit codes {[p.returncode for p in procs]}")
+    run_ranks(__file__, world, plan, args, min(args.timeout_s, left() - 30.0))
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")  # for the victim
     print(f"4 ranks done after {time.monotonic() - t0:.1f} s", flush=True)
 
     results = []

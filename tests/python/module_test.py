@@ -567,6 +567,99 @@ class InterleavedTest(unittest.TestCase):
         self.assertEqual(hooks._hooks.position, (0, False))
 
 
+class WorkloadPartitionsTest(unittest.TestCase):
+    def test_tp_partitions_from_the_kernel_graph(self):
+        """The graph's op lists and slots, against src/workload/kernel_graph.cc read by hand."""
+        import kareus
+
+        parts = {p["key"]: p for p in kareus.workload_partitions(ARGS.workload)}
+        self.assertEqual(set(parts), {"fwd_attn", "fwd_mlp", "bwd_mlp", "bwd_attn"})
+        a = parts["fwd_attn"]
+        self.assertEqual(a["ops"], ["residual_add", "rmsnorm", "qkv_gemm", "rope", "attention",
+                                    "out_proj"])
+        self.assertEqual({s["name"]: s["op_index"] for s in a["slots"]},
+                         {"norm": 0, "qkv": 2, "rope": 3, "attn": 4})
+        self.assertEqual(a["collective"], {"name": "tp_allreduce", "kind": "allreduce",
+                                           "group": "tp"})
+        self.assertEqual(parts["bwd_mlp"]["direction"], "backward")
+        self.assertEqual(parts["bwd_mlp"]["comm_tail"], [])
+
+    def test_bad_workload(self):
+        import kareus
+
+        with self.assertRaises(kareus.InvalidInputError) as e:
+            kareus.workload_partitions("/no/such/workload.yaml")
+        self.assertIn("/no/such/workload.yaml", str(e.exception))
+
+
+class PipeliningTest(unittest.TestCase):
+    """kareus.pipelining without a job: stand-in stages and hooks."""
+
+    class Stage:
+        def __init__(self, index, num_stages):
+            self.stage_index, self.num_stages, self.calls = index, num_stages, []
+
+        def forward_one_chunk(self, mb, args=None, kwargs=None, save_forward_output=True):
+            self.calls.append(("F", mb))
+            return mb
+
+        def backward_one_chunk(self, mb, loss=None, full_backward=True, last_backward=False):
+            self.calls.append(("B", mb))
+
+        def backward_weight_one_chunk(self, mb, last_backward=False):
+            self.calls.append(("W", mb))
+
+    class Hooks:
+        def __init__(self):
+            self.calls = []
+
+        def on_instruction_begin(self, kind, mb, chunk=None):
+            self.calls.append(("begin", kind, mb, chunk))
+
+        def on_instruction_end(self, kind, mb, chunk=None):
+            self.calls.append(("end", kind, mb, chunk))
+
+    def test_hooks_around_every_action_with_the_chunk(self):
+        import kareus.torch as kt
+
+        # Rank 1 of pp = 2 with V = 2 holds virtual stages 1 and 3: chunks 0 and 1.
+        stages, hooks, record = [self.Stage(1, 4), self.Stage(3, 4)], self.Hooks(), []
+        kt.instrument_stages(stages, hooks, record=record)
+        self.assertEqual(stages[1].forward_one_chunk(2, ()), 2)
+        stages[0].backward_one_chunk(0, loss=None)
+        self.assertEqual(hooks.calls, [("begin", "forward", 2, 1), ("end", "forward", 2, 1),
+                                       ("begin", "backward", 0, 0), ("end", "backward", 0, 0)])
+        self.assertEqual(record, [("forward", 1, 2), ("backward", 0, 0)])
+        self.assertEqual(stages[1].calls + stages[0].calls, [("F", 2), ("B", 0)])
+        with self.assertRaisesRegex(NotImplementedError, "full_backward"):
+            stages[0].backward_one_chunk(1, full_backward=False)
+        with self.assertRaisesRegex(NotImplementedError, "split"):
+            stages[0].backward_weight_one_chunk(1)
+        with self.assertRaisesRegex(RuntimeError, "already instrumented"):
+            kt.instrument_stages(stages, hooks)
+
+    def test_interleaved_order_is_kareus_where_torch_differs(self):
+        import kareus
+        import kareus.torch as kt
+        from torch.distributed.pipelining import ScheduleInterleaved1F1B
+
+        def order(cls, pp, v, m, rank):
+            sched = cls.__new__(cls)
+            sched.pp_group_size, sched.n_local_stages, sched._n_microbatches = pp, v, m
+            sched.number_of_rounds = max(1, m // pp)
+            sched.microbatches_per_round = m // sched.number_of_rounds
+            return [("forward" if str(a.computation_type).endswith("FORWARD") else "backward",
+                     a.stage_index // pp, a.microbatch_index)
+                    for a in sched._calculate_single_rank_operations(rank) if a is not None]
+
+        # With as many micro-batches as stages, Megatron (and Kareus) run every forward first.
+        want = [("forward", 0, 0), ("forward", 0, 1), ("forward", 1, 0), ("forward", 1, 1),
+                ("backward", 1, 0), ("backward", 1, 1), ("backward", 0, 0), ("backward", 0, 1)]
+        self.assertEqual(kareus.schedule_order(2, 2, 2, 1), want)
+        self.assertEqual(order(kt.KareusInterleaved1F1B, 2, 2, 2, 1), want)
+        self.assertNotEqual(order(ScheduleInterleaved1F1B, 2, 2, 2, 1), want)
+
+
 class DocTest(unittest.TestCase):
     def test_public_objects_are_documented(self):
         import kareus
@@ -576,7 +669,9 @@ class DocTest(unittest.TestCase):
                      "MixEntry", "Error", "OrderError", "InvalidInputError"):
             self.assertTrue(getattr(kareus, name).__doc__, name)
         for name in ("PipelineHooks", "NanoBatchedStack", "TPTransformerLayer",
-                     "InstructionSettings", "aggregate_iteration", "merge_iteration_records"):
+                     "InstructionSettings", "aggregate_iteration", "merge_iteration_records",
+                     "SmGroups", "nccl_options", "instrument_stages", "KernelGraphBlocks",
+                     "kareus_schedule"):
             self.assertTrue(getattr(kt, name).__doc__, name)
         self.assertTrue(kareus.__doc__)
 

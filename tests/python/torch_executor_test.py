@@ -41,7 +41,8 @@ def rank_main(rank: int, workdir: str) -> None:
     group = dist.new_group([0, 1])
     shape = kt.ModelShape(layers=2, hidden=32, ffn_hidden=64, heads=4, kv_heads=2, head_dim=8,
                           vocab=16)
-    layers = [kt.TPTransformerLayer(shape, rank, 2, group, seed=7 + i) for i in range(2)]
+    layers = [kt.TPTransformerLayer(shape, rank, 2, group, seed=7 + i,
+                                    dtype=torch.float32) for i in range(2)]
     params = [p for layer in layers for p in layer.params()]
     x0 = torch.randn(4, 12, shape.hidden, generator=torch.Generator().manual_seed(3))
     weight = torch.randn(4, 12, shape.hidden, generator=torch.Generator().manual_seed(4))
@@ -66,6 +67,9 @@ def rank_main(rank: int, workdir: str) -> None:
         return x
 
     ref_y, ref_g = run(plain)
+    # Op lists and slots from the C++ kernel graph of a TP workload (the shapes do not matter).
+    graph = kt.KernelGraphBlocks.of_workload(os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "runtime", "data", "tiny_tp2_pp2.yaml"))
 
     def rel(a, b):
         return (a - b).abs().max().item() / max(b.abs().max().item(), 1e-30)
@@ -76,7 +80,7 @@ def rank_main(rank: int, workdir: str) -> None:
     def pick(kind, keys, mb, mix):
         parts, mixes = {}, {}
         for k in keys:
-            slots = sorted(kt.BLOCK_SLOTS[k])
+            slots = sorted(graph.slots[k])
             parts[k] = kt.PartitionChoice(rng.choice([3, 6, 12]), rng.choice(slots))
             if mix:
                 mixes[k] = [(kt.PartitionChoice(3, rng.choice(slots)), 1),
@@ -95,7 +99,8 @@ def rank_main(rank: int, workdir: str) -> None:
     for name, fwd, bwd, recompute, _ in cases:
         trace = []
         hooks = Settable()
-        stack = kt.NanoBatchedStack(layers, hooks, recompute=recompute, trace=trace)
+        stack = kt.NanoBatchedStack(layers, hooks, recompute=recompute, trace=trace,
+                                    graph=graph)
         y, grads = run(stack, hooks, fwd, bwd)
         errs = [rel(y, ref_y)] + [rel(a, b) for a, b in zip(grads, ref_g)]
         # Every launch is before the op its setting names (occurrence-aware for mixes).
@@ -117,7 +122,7 @@ def rank_main(rank: int, workdir: str) -> None:
                         break
             else:
                 want_slot = s.partitions[e.key].slot
-            if kt.BLOCK_SLOTS[e.key][want_slot] != e.op_index:
+            if graph.slots[e.key][want_slot] != e.op_index:
                 raise AssertionError(f"{name}: {e.key}#{occ} launched at op {e.op_index} "
                                      f"({e.op}), setting says slot {want_slot}")
         n_fwd = sum(1 for e in trace if e.direction == "forward" and e.op_index >= 0)
@@ -132,10 +137,111 @@ def rank_main(rank: int, workdir: str) -> None:
             raise AssertionError(f"{name}: relative error {max(errs):.3e} "
                                  f"(output, input grad, params: {errs})")
 
+    # The sharded weights: every TP layout of one seed is one function (each rank draws only
+    # its shard), so TP=1 on one rank gives the TP=2 output.
+    singles = [dist.new_group([0]), dist.new_group([1])]
+    full = [kt.TPTransformerLayer(shape, 0, 1, singles[rank], seed=7 + i, dtype=torch.float32)
+            for i in range(2)]
+    with torch.no_grad():
+        y1 = x0
+        for layer in full:
+            y1 = layer(y1)
+    if rel(y1, ref_y) > TOLERANCE:
+        raise AssertionError(f"TP=1 and TP=2 layers of one seed differ by {rel(y1, ref_y):.3e}")
+    # Sequence parallelism (TP=2, each rank a half of the sequence) and context parallelism
+    # (CP=2, TP=1) compute the same function: outputs and input gradients are the reference's
+    # rows; the weights of the norms (SP) and all weights (CP) get partial gradients that the
+    # job reduces over the group, as Megatron does; summed here, they are the reference's.
+    half = slice(rank * 6, (rank + 1) * 6)
+
+    def run_layers(ls, x_in):
+        for p in [q for layer in ls for q in layer.params()]:
+            p.grad = None
+        x = x_in.clone().requires_grad_(True)
+        y = x
+        for layer in ls:
+            y = layer(y)
+        (y * weight[:, half if x_in.shape[1] == 6 else slice(None)]).sum().backward()
+        return y.detach(), x.grad, [q.grad.clone() for layer in ls for q in layer.params()]
+
+    full_y, full_gx, full_gp = run_layers(full, x0)
+    sp = [kt.TPTransformerLayer(shape, rank, 2, group, seed=7 + i, dtype=torch.float32,
+                                sequence_parallel=True) for i in range(2)]
+    cp = [kt.TPTransformerLayer(shape, 0, 1, singles[rank], seed=7 + i, dtype=torch.float32,
+                                cp_group=group) for i in range(2)]
+    for label, ls, ref_params, reduced in (
+            ("sequence parallel", sp, ref_g[1:], {0, 3}),
+            ("context parallel", cp, full_gp, {0, 1, 2, 3, 4, 5})):
+        y, gx, gp = run_layers(ls, x0[:, half])
+        errs = {"output": rel(y, ref_y[:, half]), "input grad": rel(gx, ref_g[0][:, half])}
+        for j, (g, want) in enumerate(zip(gp, ref_params)):
+            if j % 6 in reduced:
+                dist.all_reduce(g, group=group)
+            errs[f"param {j}"] = rel(g, want)
+        if max(errs.values()) > TOLERANCE:
+            raise AssertionError(f"{label}: relative errors {errs}")
+        report.append((label, max(errs.values())))
+    if rel(full_y, ref_y) > TOLERANCE:
+        raise AssertionError("the TP=1 reference with gradients differs from the TP=2 output")
+    try:
+        kt.NanoBatchedStack(sp, Settable(), graph=graph)
+    except ValueError as e:
+        if "tensor parallelism only" not in str(e):
+            raise
+    else:
+        raise AssertionError("NanoBatchedStack accepted sequence-parallel layers")
+
+    if kt.TPTransformerLayer(shape, 0, 1, None, seed=7).wqkv.dtype != torch.bfloat16:
+        raise AssertionError("the layer's default dtype is not bf16")
+
+    # SmGroups: every rank creates every (SM count, TP group) in one order, options per count.
+    calls = []
+
+    def new_group(ranks, backend=None, pg_options=None):
+        calls.append((tuple(ranks), backend, None if pg_options is None else pg_options["sms"]))
+        return ("group", tuple(ranks), None if pg_options is None else pg_options["sms"])
+
+    groups = kt.SmGroups([[0, 2], [1, 3]], 3, [18, 3, 18, 0], new_group=new_group,
+                         options=lambda sms: {"sms": sms})
+    want_calls = [((0, 2), "nccl", None), ((1, 3), "nccl", None), ((0, 2), "nccl", 3),
+                  ((1, 3), "nccl", 3), ((0, 2), "nccl", 18), ((1, 3), "nccl", 18)]
+    if calls != want_calls:
+        raise AssertionError(f"SmGroups created {calls}, expected {want_calls}")
+    picked = [groups(s) for s in (3, 18, None, 0)]
+    if picked != [("group", (1, 3), 3), ("group", (1, 3), 18), ("group", (1, 3), None),
+                  ("group", (1, 3), None)]:
+        raise AssertionError(f"SmGroups picked {picked}")
+    for bad_call, text in ((lambda: groups(6), "no communicator for 6 SMs; created for [3, 18]"),
+                           (lambda: kt.SmGroups([[0, 1]], 2, [3], new_group=new_group),
+                            "rank 2 is in 0 of the TP groups")):
+        try:
+            bad_call()
+        except ValueError as e:
+            if text not in str(e):
+                raise AssertionError(f"SmGroups error {e!r} lacks {text!r}")
+        else:
+            raise AssertionError(f"SmGroups accepted a bad call (expected {text!r})")
+    if hasattr(dist, "ProcessGroupNCCL"):  # the real options object: what reaches NCCL
+        o = kt.nccl_options(12)
+        if (o.config.min_ctas, o.config.max_ctas) != (12, 12):
+            raise AssertionError(f"nccl_options(12) gave {o.config.min_ctas}/{o.config.max_ctas}")
+
     # Bad settings raise with a message saying what is allowed.
     errors = {}
     hooks = Settable()
-    stack = kt.NanoBatchedStack(layers, hooks)
+    stack = kt.NanoBatchedStack(layers, hooks, graph=graph)
+    try:
+        kt.NanoBatchedStack(layers, hooks)
+    except ValueError as e:
+        errors["no graph"] = str(e)
+    changed = kt.KernelGraphBlocks([{"key": k, "ops": list(v), "slots": [
+        {"name": n, "op_index": i} for n, i in graph.slots[k].items()]}
+        for k, v in graph.ops.items()])
+    changed.ops["fwd_mlp"] = changed.ops["fwd_mlp"][::-1]
+    try:
+        kt.NanoBatchedStack(layers, hooks, graph=changed)
+    except ValueError as e:
+        errors["graph mismatch"] = str(e)
     bad = kt.InstructionSettings("forward", 0, 1410,
                                  {"fwd_attn": kt.PartitionChoice(3, "nowhere"),
                                   "fwd_mlp": kt.PartitionChoice(3, "norm")})
@@ -161,6 +267,8 @@ def rank_main(rank: int, workdir: str) -> None:
         errors["wrong chunk"] = str(e)
     hooks.current = None
     want = {"unknown slot": "allowed: norm, qkv, rope, attn", "odd micro-batch": "even",
+            "no graph": "graph=KernelGraphBlocks.of_workload",
+            "graph mismatch": "partition 'fwd_mlp': the kernel graph's ops are ['fc2', 'swiglu'",
             "wrong kind": "ran its forward",
             "wrong chunk": "stack of chunk 0 ran its forward while the hooks' open instruction "
                            "is forward of micro-batch 0 (chunk 1)"}
