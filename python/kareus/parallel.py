@@ -28,7 +28,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-__all__ = ["gather_along", "scatter_along", "cp_causal_attention"]
+__all__ = ["gather_along", "scatter_along", "cp_causal_attention", "causal_attention_at",
+           "launch_collective"]
 
 
 def _size(group: Any) -> int:
@@ -39,23 +40,46 @@ def _rank(group: Any) -> int:
     return dist.get_rank(group)
 
 
-def _all_gather(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
-    parts = [torch.empty_like(x) for _ in range(_size(group))]
-    dist.all_gather(parts, x.contiguous(), group=group)
-    return torch.cat(parts, dim=dim)
+class _Launched:
+    """An asynchronous collective of the nano-batched executor; ``wait()`` returns its result."""
+
+    def __init__(self, work: Any, finish):
+        self._work, self._finish = work, finish
+
+    def wait(self) -> torch.Tensor:
+        self._work.wait()
+        return self._finish()
 
 
-def _reduce_scatter(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
+def launch_collective(kind: str, x: torch.Tensor, dim: int, group: Any) -> _Launched:
+    """Starts ``kind`` ("allreduce", "reducescatter" or "allgather" along ``dim``) of ``x`` on
+    ``group`` with ``async_op=True``."""
+    if kind == "allreduce":
+        return _Launched(dist.all_reduce(x, group=group, async_op=True), lambda: x)
     n = _size(group)
+    if kind == "allgather":
+        parts = [torch.empty_like(x) for _ in range(n)]
+        work = dist.all_gather(parts, x.contiguous(), group=group, async_op=True)
+        return _Launched(work, lambda: torch.cat(parts, dim=dim))
+    if kind != "reducescatter":
+        raise ValueError(f"kareus.parallel: unknown collective kind '{kind}'")
     if dist.get_backend(group) == "nccl":
         moved = x.movedim(dim, 0).contiguous()
         out = torch.empty((moved.shape[0] // n,) + moved.shape[1:], dtype=x.dtype,
                           device=x.device)
-        dist.reduce_scatter_tensor(out, moved, group=group)
-        return out.movedim(0, dim).contiguous()
+        work = dist.reduce_scatter_tensor(out, moved, group=group, async_op=True)
+        return _Launched(work, lambda: out.movedim(0, dim).contiguous())
     total = x.contiguous().clone()
-    dist.all_reduce(total, group=group)
-    return total.chunk(n, dim=dim)[_rank(group)].contiguous()
+    work = dist.all_reduce(total, group=group, async_op=True)
+    return _Launched(work, lambda: total.chunk(n, dim=dim)[_rank(group)].contiguous())
+
+
+def _all_gather(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
+    return launch_collective("allgather", x, dim, group).wait()
+
+
+def _reduce_scatter(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
+    return launch_collective("reducescatter", x, dim, group).wait()
 
 
 class _AlongSequence(torch.autograd.Function):
@@ -93,9 +117,17 @@ def cp_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     [rank * s_local, (rank + 1) * s_local). K and V are gathered over ``cp_group``; the mask
     lets global query position p see key positions 0..p. Returns [b, s_local, hq * d].
     """
+    offset = _rank(cp_group) * q.shape[1]
+    return causal_attention_at(q, gather_along(k, 1, cp_group), gather_along(v, 1, cp_group),
+                               offset)
+
+
+def causal_attention_at(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        offset: int) -> torch.Tensor:
+    """Causal GQA attention of queries at global positions ``offset``.. over keys from position
+    0 (k, v already gathered over the CP group): the nano-batched executor gathers K/V as a
+    collective of its own, overlapped with the other nano-batch's compute."""
     b, s, hq, d = q.shape
-    offset = _rank(cp_group) * s
-    k, v = gather_along(k, 1, cp_group), gather_along(v, 1, cp_group)
     rep = hq // k.shape[2]
     if rep > 1:
         k = k.repeat_interleave(rep, dim=2)

@@ -16,7 +16,9 @@ AllReduced in backward), the output projection and FC2 are row-parallel (their o
 AllReduced in forward). The op lists and slot names come from Kareus's C++ kernel graph
 through the module (``kareus.workload_partitions``, :class:`KernelGraphBlocks`), so that a
 plan's slot means the same op here and in the planner. Sequence and context parallelism
-(kareus.parallel) run in the layer's plain ``forward``; the nano-batched stack runs TP only.
+(kareus.parallel) run both in the layer's plain ``forward`` and nano-batched, cut into the
+kernel graph's blocks (SP: reduce-scatter, norm and all-gather as one communication chain; CP:
+the K/V all-gather and dK/dV reduce-scatter as collectives of their own).
 
 Collectives go through ``torch.distributed`` with ``async_op=True``; on CPU that is gloo, on GPUs
 NCCL. The SM count of each partition is handed to ``group_for_sms``; :class:`SmGroups`
@@ -36,7 +38,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .parallel import cp_causal_attention, gather_along, scatter_along  # noqa: E402,F401
+from .parallel import (causal_attention_at, cp_causal_attention, gather_along,  # noqa: F401
+                       launch_collective, scatter_along)
 from .comm import SmGroups, all_gather_json, nccl_options, plan_sm_counts  # noqa: E402,F401
 from .pipelining import KareusInterleaved1F1B, instrument_stages, kareus_schedule  # noqa: E402,F401
 
@@ -111,9 +114,16 @@ class KernelGraphBlocks:
     def __init__(self, partitions: Sequence[Dict[str, Any]]):
         self.ops: Dict[str, List[str]] = {}
         self.slots: Dict[str, Dict[str, int]] = {}
+        #: Per key: the collective's name and the communication tail's kernels (None: unknown,
+        #: a hand-built graph; any chain matches).
+        self.chains: Dict[str, Optional[Tuple[str, Tuple[str, ...]]]] = {}
+        self._keys: Dict[Tuple[Any, ...], str] = {}
         for p in partitions:
             self.ops.setdefault(p["key"], list(p["ops"]))
             self.slots.setdefault(p["key"], {s["name"]: int(s["op_index"]) for s in p["slots"]})
+            name = (p.get("collective") or {}).get("name")
+            self.chains.setdefault(p["key"], None if name is None else
+                                   (name, tuple(p.get("comm_tail", ()))))
 
     @staticmethod
     def of_workload(path: str) -> "KernelGraphBlocks":
@@ -126,15 +136,30 @@ class KernelGraphBlocks:
         slots = self.slots[key]
         return min(slots, key=lambda name: slots[name])
 
-    def check(self, key: str, executor_ops: Sequence[str]) -> None:
-        want = self.ops.get(key)
-        if want is None:
-            raise ValueError(f"kareus.torch: the kernel graph has no partition '{key}' (it has "
-                             f"{', '.join(self.ops)}); this executor runs tensor parallelism "
-                             "with dense layers")
-        if list(executor_ops) != want:
-            raise ValueError(f"kareus.torch: partition '{key}': the kernel graph's ops are "
-                             f"{want}, the executor's {list(executor_ops)}")
+    def key_of(self, compute: Any, communication: Any) -> str:
+        """The partition key of an executor block (``compute``) overlapping the collective
+        chain of another (``communication``). The planner names a block that meets several
+        kinds of chain by block and chain (``fwd_attn_rs_ag``), and versions of one key with
+        other shapes ``_v2``; the one whose ops and chain are the executor's is the key."""
+        base, ops, chain = compute.key, compute.op_names(), communication.chain()
+        memo = (base, ops, chain)
+        if memo in self._keys:
+            return self._keys[memo]
+        same_chain = sorted((k for k in self.ops if (k == base or k.startswith(base + "_"))
+                             and self.chains[k] in (None, chain)),
+                            key=lambda k: (k != base, len(k), k))
+        for k in same_chain:
+            if self.ops[k] == list(ops):
+                self._keys[memo] = k
+                return k
+        if same_chain:
+            k = same_chain[0]
+            raise ValueError(f"kareus.torch: partition '{k}': the kernel graph's ops are "
+                             f"{self.ops[k]}, the executor's {list(ops)}")
+        raise ValueError(f"kareus.torch: the kernel graph has no partition '{base}' overlapping "
+                         f"{' -> '.join((chain[0],) + chain[1])} (it has {', '.join(self.ops)});"
+                         " this executor runs dense layers with tensor, sequence and context "
+                         "parallelism")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -585,25 +610,67 @@ class _NB:
     """State of one nano-batch while the chain of blocks runs."""
 
     def __init__(self, x: Optional[torch.Tensor]):
-        self.r = x  # residual stream (forward)
+        self.r = x  # residual stream (forward; sequence-sharded under SP)
         self.y: Optional[torch.Tensor] = None  # reduced output of the previous block, to add
         self.out: Optional[torch.Tensor] = None  # this block's collective input
         self.rec: Dict[int, Dict[str, Any]] = {}  # per layer: tensors kept for backward
         self.ckpt: Dict[int, torch.Tensor] = {}  # per layer: input (full recompute)
         self.g_r: Optional[torch.Tensor] = None  # gradient of the residual stream
+        # The residual gradient as the next GEMMs see it: g_r, or under SP its all-gather.
+        self.g_full: Optional[torch.Tensor] = None
         self.g_reduced: Optional[torch.Tensor] = None  # AllReduced gradient of a norm's output
         self.norm_pending: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = None
         self.g_norm_r: Optional[torch.Tensor] = None
         self.tmp: Dict[str, Any] = {}
 
 
+#: The kernel graph's collectives: (kind, group) of each name (src/workload/kernel_graph.cc).
+_COLLECTIVES = {
+    "tp_allreduce": ("allreduce", "tp"),
+    "tp_reducescatter": ("reducescatter", "tp"),
+    "tp_allgather": ("allgather", "tp"),
+    "cp_allgather_kv": ("allgather", "cp"),
+    "cp_reducescatter_dkv": ("reducescatter", "cp"),
+}
+
+
 @dataclass
 class _Block:
-    key: str
+    key: str  # "fwd_" / "bwd_" and the kernel graph's block name
     layer: int
     ops: List[Tuple[str, Callable[[_NB], None]]]
     collective_input: Callable[[_NB], torch.Tensor]
     deliver: Callable[[_NB, torch.Tensor], None]
+    collective: str = "tp_allreduce"
+    #: No tensor-core work (an SP norm between its reduce-scatter and all-gather): too short to
+    #: hide a collective behind, so, as in the kernel graph, it joins the communication chain of
+    #: the block before it (its `tail`) instead of being a block of its own.
+    small: bool = False
+    tail: List["_Block"] = field(default_factory=list)
+
+    def op_names(self) -> Tuple[str, ...]:
+        return tuple(name for name, _ in self.ops)
+
+    def chain(self) -> Tuple[str, Tuple[str, ...]]:
+        """The collective and the communication tail, named as the kernel graph names them."""
+        tail: List[str] = []
+        for t in self.tail:
+            tail += list(t.op_names()) + [t.collective]
+        return self.collective, tuple(tail)
+
+
+def _fold(blocks: List[_Block]) -> List[_Block]:
+    out: List[_Block] = []
+    for b in blocks:
+        if out and b.small:
+            out[-1].tail.append(b)
+        else:
+            out.append(b)
+    return out
+
+
+def _launch(blk: _Block, tensor: torch.Tensor, group: Any):
+    return launch_collective(_COLLECTIVES[blk.collective][0], tensor, 1, group)
 
 
 def _leaf(t: torch.Tensor) -> torch.Tensor:
@@ -611,11 +678,18 @@ def _leaf(t: torch.Tensor) -> torch.Tensor:
 
 
 class _Builder:
-    """Builds the blocks of a stage's layer stack as closures over one set of parameters."""
+    """Builds the blocks of a stage's layer stack as closures over one set of parameters, as
+    the kernel graph cuts them: under sequence parallelism (SP) each norm is a small block of its
+    own ending in the TP all-gather, and the GEMM blocks end in a reduce-scatter; under context
+    parallelism (CP) the attention is split at the K/V all-gather (forward) and at the K/V
+    all-gather and dK/dV reduce-scatter (backward)."""
 
     def __init__(self, layers: Sequence[TPTransformerLayer], weights: Sequence[torch.Tensor],
                  grads: List[Optional[torch.Tensor]]):
         self.layers, self.w, self.grads = layers, weights, grads
+        self.sp = bool(layers) and layers[0].sequence_parallel
+        self.cp = bool(layers) and layers[0].cp_group is not None
+        self.exit = "tp_reducescatter" if self.sp else "tp_allreduce"
 
     def _p(self, layer: int, i: int) -> torch.Tensor:
         return self.w[6 * layer + i]
@@ -624,9 +698,23 @@ class _Builder:
         j = 6 * layer + i
         self.grads[j] = g if self.grads[j] is None else self.grads[j] + g
 
+    def _offset(self, l: int, seq: int) -> int:
+        """The global position of this CP rank's first token (its shard is contiguous)."""
+        return dist.get_rank(self.layers[l].cp_group) * seq if self.cp else 0
+
+    def _norm_entry(self, l: int, norm_key: str, norm_ops, gather_input, gather_deliver,
+                    key: str, rest, collective_input, deliver, collective: str) -> List[_Block]:
+        """Block `key` (ops `rest`) opened by the norm ops, or under SP preceded by a small
+        block `norm_key` of the norm ops ending in the TP all-gather."""
+        if self.sp:
+            return [_Block(norm_key, l, norm_ops, gather_input, gather_deliver, "tp_allgather",
+                           True), _Block(key, l, rest, collective_input, deliver, collective)]
+        return [_Block(key, l, norm_ops + rest, collective_input, deliver, collective)]
+
     # ---- forward blocks; `record`: keep what backward needs (leaves at op boundaries).
-    def fwd_attn(self, l: int, record: bool, replay: bool) -> _Block:
+    def forward_layer(self, l: int, record: bool, replay: bool) -> List[_Block]:
         lay, eps = self.layers[l], self.layers[l].shape.norm_eps
+        d = lay.shape.head_dim
 
         def residual_add(s: _NB):
             if replay:
@@ -639,15 +727,17 @@ class _Builder:
             if record:
                 s.rec[l] = {"r0": s.r}
 
-        def norm(s: _NB):
-            if record:
-                with torch.enable_grad():
-                    w = _leaf(self._p(l, 0))
-                    n = rmsnorm(s.r, w, eps)
-                s.rec[l]["norm1"] = (n, s.r, w)
-                s.tmp["n"] = n.detach()
-            else:
-                s.tmp["n"] = rmsnorm(s.r, self._p(l, 0), eps)
+        def norm_op(index: int, rec_key: str):
+            def norm(s: _NB):
+                if record:
+                    with torch.enable_grad():
+                        w = _leaf(self._p(l, index))
+                        n = rmsnorm(s.r, w, eps)
+                    s.rec[l][rec_key] = (n, s.r, w)
+                    s.tmp["n"] = n.detach()
+                else:
+                    s.tmp["n"] = rmsnorm(s.r, self._p(l, index), eps)
+            return norm
 
         def qkv(s: _NB):
             t = F.linear(s.tmp["n"], self._p(l, 1))
@@ -658,18 +748,24 @@ class _Builder:
             s.tmp["qkv"] = t
 
         def rope(s: _NB):
+            offset = self._offset(l, s.tmp["qkv"].shape[1])
             if record:
                 with torch.enable_grad():
-                    q, k, v = lay.rope(s.rec[l]["qkv"])
+                    q, k, v = lay.rope(s.rec[l]["qkv"], offset)
                 s.rec[l]["rope"] = (q, k, v)
                 q, k, v = _leaf(q), _leaf(k), _leaf(v)
                 s.rec[l]["qkv_rot"] = (q, k, v)
             else:
-                q, k, v = lay.rope(s.tmp["qkv"])
+                q, k, v = lay.rope(s.tmp["qkv"], offset)
             s.tmp["qkv_rot"] = (q, k, v)
 
         def attention(s: _NB):
-            if record:
+            if self.cp:  # the backward re-gathers K/V, so no graph is kept here
+                q = s.tmp["qkv_rot"][0].detach()
+                k, v = s.tmp.pop("kv").split(d, dim=-1)
+                with torch.no_grad():
+                    s.tmp["o"] = causal_attention_at(q, k, v, self._offset(l, q.shape[1]))
+            elif record:
                 with torch.enable_grad():
                     o = causal_attention(*s.tmp["qkv_rot"])
                 s.rec[l]["attn"] = o
@@ -683,32 +779,12 @@ class _Builder:
             s.out = F.linear(s.tmp["o"], self._p(l, 2)).contiguous()
             s.tmp.clear()
 
-        def deliver(s: _NB, y: torch.Tensor):
-            s.y = y
-
-        ops = [("residual_add", residual_add), ("rmsnorm", norm), ("qkv_gemm", qkv),
-               ("rope", rope), ("attention", attention), ("out_proj", out_proj)]
-        return _Block("fwd_attn", l, ops, lambda s: s.out, deliver)
-
-    def fwd_mlp(self, l: int, record: bool, replay: bool) -> _Block:
-        eps = self.layers[l].shape.norm_eps
-
-        def residual_add(s: _NB):
+        def residual_add2(s: _NB):
             r1 = s.r.detach() + s.y
             s.y = None
             s.r = _leaf(r1) if record else r1
             if record:
                 s.rec[l]["r1"] = s.r
-
-        def norm(s: _NB):
-            if record:
-                with torch.enable_grad():
-                    w = _leaf(self._p(l, 3))
-                    n = rmsnorm(s.r, w, eps)
-                s.rec[l]["norm2"] = (n, s.r, w)
-                s.tmp["n"] = n.detach()
-            else:
-                s.tmp["n"] = rmsnorm(s.r, self._p(l, 3), eps)
 
         def fc1(s: _NB):
             t = F.linear(s.tmp["n"], self._p(l, 4))
@@ -733,16 +809,37 @@ class _Builder:
             s.out = F.linear(s.tmp["a"], self._p(l, 5)).contiguous()
             s.tmp.clear()
 
-        def deliver(s: _NB, y: torch.Tensor):
+        def set_y(s: _NB, y: torch.Tensor):
             s.y = y
 
-        ops = [("residual_add", residual_add), ("rmsnorm", norm), ("fc1", fc1),
-               ("swiglu", act), ("fc2", fc2)]
-        return _Block("fwd_mlp", l, ops, lambda s: s.out, deliver)
+        def set_n(s: _NB, n: torch.Tensor):
+            s.tmp["n"] = n
+
+        def set_kv(s: _NB, kv: torch.Tensor):
+            s.tmp["kv"] = kv
+
+        def kv_input(s: _NB) -> torch.Tensor:
+            return torch.cat([t.detach() for t in s.tmp["qkv_rot"][1:]], dim=-1)
+
+        out_input, n_input = (lambda s: s.out), (lambda s: s.tmp["n"])
+        norm1 = [("residual_add", residual_add), ("rmsnorm", norm_op(0, "norm1"))]
+        qkv_ops = [("qkv_gemm", qkv), ("rope", rope)]
+        attn_ops = [("attention", attention), ("out_proj", out_proj)]
+        if self.cp:
+            blocks = self._norm_entry(l, "fwd_attn_norm", norm1, n_input, set_n, "fwd_qkv",
+                                      qkv_ops, kv_input, set_kv, "cp_allgather_kv")
+            blocks.append(_Block("fwd_ao", l, attn_ops, out_input, set_y, self.exit))
+        else:
+            blocks = self._norm_entry(l, "fwd_attn_norm", norm1, n_input, set_n, "fwd_attn",
+                                      qkv_ops + attn_ops, out_input, set_y, self.exit)
+        norm2 = [("residual_add", residual_add2), ("rmsnorm", norm_op(3, "norm2"))]
+        mlp = [("fc1", fc1), ("swiglu", act), ("fc2", fc2)]
+        return blocks + self._norm_entry(l, "fwd_mlp_norm", norm2, n_input, set_n, "fwd_mlp",
+                                         mlp, out_input, set_y, self.exit)
 
     # ---- backward blocks.
     def _norm_bwd(self, s: _NB):
-        """Backward of the RMSNorm whose output gradient the previous block AllReduced."""
+        """Backward of the RMSNorm whose output gradient the previous block reduced."""
         if s.norm_pending is None:
             return
         n, r, w, index = s.norm_pending
@@ -755,14 +852,19 @@ class _Builder:
         if s.g_norm_r is not None:
             s.g_r = s.g_r + s.g_norm_r
             s.g_norm_r = None
+        s.g_full = s.g_r
 
-    def bwd_mlp(self, l: int) -> _Block:
+    def backward_layer(self, l: int) -> List[_Block]:
+        d = self.layers[l].shape.head_dim
+
+        def wgrad(i: int, g: torch.Tensor, x: torch.Tensor):
+            self._acc(l, i, g.reshape(-1, g.shape[-1]).t() @ x.reshape(-1, x.shape[-1]))
+
         def fc2_dgrad(s: _NB):
-            s.tmp["g_a"] = s.g_r @ self._p(l, 5)
+            s.tmp["g_a"] = s.g_full @ self._p(l, 5)
 
         def fc2_wgrad(s: _NB):
-            a = s.rec[l]["a"]
-            self._acc(l, 5, s.g_r.reshape(-1, s.g_r.shape[-1]).t() @ a.reshape(-1, a.shape[-1]))
+            wgrad(5, s.g_full, s.rec[l]["a"])
 
         def act_bwd(s: _NB):
             (s.tmp["g_gu"],) = torch.autograd.grad(s.rec[l]["act"], s.rec[l]["gu"], s.tmp["g_a"])
@@ -771,52 +873,96 @@ class _Builder:
             s.out = (s.tmp["g_gu"] @ self._p(l, 4)).contiguous()
 
         def fc1_wgrad(s: _NB):
-            g, n = s.tmp["g_gu"], s.rec[l]["n2"]
-            self._acc(l, 4, g.reshape(-1, g.shape[-1]).t() @ n.reshape(-1, n.shape[-1]))
+            wgrad(4, s.tmp["g_gu"], s.rec[l]["n2"])
             s.tmp.clear()
 
-        def deliver(s: _NB, g: torch.Tensor):
-            n, r, w = s.rec[l]["norm2"]
-            s.g_reduced, s.norm_pending = g, (n, r, w, 6 * l + 3)
-
-        ops = [("rmsnorm_bwd", self._norm_bwd), ("residual_grad_add", self._residual_grad_add),
-               ("fc2_dgrad", fc2_dgrad), ("fc2_wgrad", fc2_wgrad), ("swiglu_bwd", act_bwd),
-               ("fc1_dgrad", fc1_dgrad), ("fc1_wgrad", fc1_wgrad)]
-        return _Block("bwd_mlp", l, ops, lambda s: s.out, deliver)
-
-    def bwd_attn(self, l: int) -> _Block:
         def out_dgrad(s: _NB):
-            s.tmp["g_o"] = s.g_r @ self._p(l, 2)
+            s.tmp["g_o"] = s.g_full @ self._p(l, 2)
 
         def out_wgrad(s: _NB):
-            o = s.rec[l]["o"]
-            self._acc(l, 2, s.g_r.reshape(-1, s.g_r.shape[-1]).t() @ o.reshape(-1, o.shape[-1]))
+            wgrad(2, s.g_full, s.rec[l]["o"])
 
         def attn_bwd(s: _NB):
-            s.tmp["g_qkv_rot"] = torch.autograd.grad(s.rec[l]["attn"], s.rec[l]["qkv_rot"],
-                                                     s.tmp["g_o"])
+            if self.cp:  # over the K/V the o block re-gathered
+                q = s.rec[l]["qkv_rot"][0]
+                with torch.enable_grad():
+                    kv = _leaf(s.tmp.pop("kv"))
+                    k, v = kv.split(d, dim=-1)
+                    o = causal_attention_at(q, k, v, self._offset(l, q.shape[1]))
+                s.tmp["g_q"], g_kv = torch.autograd.grad(o, (q, kv), s.tmp["g_o"])
+                s.out = g_kv.contiguous()
+            else:
+                s.tmp["g_qkv_rot"] = torch.autograd.grad(s.rec[l]["attn"], s.rec[l]["qkv_rot"],
+                                                         s.tmp["g_o"])
 
         def rope_bwd(s: _NB):
-            (s.tmp["g_qkv"],) = torch.autograd.grad(s.rec[l]["rope"], s.rec[l]["qkv"],
-                                                    s.tmp["g_qkv_rot"])
+            if self.cp:
+                g_k, g_v = s.tmp.pop("g_kv").split(d, dim=-1)
+                g_rot = (s.tmp["g_q"], g_k, g_v)
+            else:
+                g_rot = s.tmp["g_qkv_rot"]
+            (s.tmp["g_qkv"],) = torch.autograd.grad(s.rec[l]["rope"], s.rec[l]["qkv"], g_rot)
 
         def qkv_dgrad(s: _NB):
             s.out = (s.tmp["g_qkv"] @ self._p(l, 1)).contiguous()
 
         def qkv_wgrad(s: _NB):
-            g, n = s.tmp["g_qkv"], s.rec[l]["n1"]
-            self._acc(l, 1, g.reshape(-1, g.shape[-1]).t() @ n.reshape(-1, n.shape[-1]))
+            wgrad(1, s.tmp["g_qkv"], s.rec[l]["n1"])
             s.tmp.clear()
 
-        def deliver(s: _NB, g: torch.Tensor):
-            n, r, w = s.rec[l]["norm1"]
-            s.g_reduced, s.norm_pending = g, (n, r, w, 6 * l + 0)
+        def deliver_to_norm(rec_key: str, index: int):
+            def deliver(s: _NB, g: torch.Tensor):
+                n, r, w = s.rec[l][rec_key]
+                s.g_reduced, s.norm_pending = g, (n, r, w, 6 * l + index)
+            return deliver
 
-        ops = [("rmsnorm_bwd", self._norm_bwd), ("residual_grad_add", self._residual_grad_add),
-               ("out_proj_dgrad", out_dgrad), ("out_proj_wgrad", out_wgrad),
-               ("attention_bwd", attn_bwd), ("rope_bwd", rope_bwd), ("qkv_gemm_dgrad", qkv_dgrad),
-               ("qkv_gemm_wgrad", qkv_wgrad)]
-        return _Block("bwd_attn", l, ops, lambda s: s.out, deliver)
+        def set_g_full(s: _NB, g: torch.Tensor):
+            s.g_full = g
+
+        def set_kv(s: _NB, kv: torch.Tensor):
+            s.tmp["kv"] = kv
+
+        def set_g_kv(s: _NB, g: torch.Tensor):
+            s.tmp["g_kv"] = g
+
+        def kv_input(s: _NB) -> torch.Tensor:
+            return torch.cat([t.detach() for t in s.rec[l]["qkv_rot"][1:]], dim=-1)
+
+        out_input, g_input = (lambda s: s.out), (lambda s: s.g_r)
+        norm = [("rmsnorm_bwd", self._norm_bwd), ("residual_grad_add", self._residual_grad_add)]
+        mlp = [("fc2_dgrad", fc2_dgrad), ("fc2_wgrad", fc2_wgrad), ("swiglu_bwd", act_bwd),
+               ("fc1_dgrad", fc1_dgrad), ("fc1_wgrad", fc1_wgrad)]
+        blocks = self._norm_entry(l, "bwd_mlp", norm, g_input, set_g_full,
+                                  "bwd_mlp_gemm" if self.sp else "bwd_mlp", mlp, out_input,
+                                  deliver_to_norm("norm2", 3), self.exit)
+        out_ops = [("out_proj_dgrad", out_dgrad), ("out_proj_wgrad", out_wgrad)]
+        qkv_ops = [("rope_bwd", rope_bwd), ("qkv_gemm_dgrad", qkv_dgrad),
+                   ("qkv_gemm_wgrad", qkv_wgrad)]
+        if self.cp:
+            blocks += self._norm_entry(l, "bwd_o_norm", norm, g_input, set_g_full, "bwd_o",
+                                       out_ops, kv_input, set_kv, "cp_allgather_kv")
+            blocks.append(_Block("bwd_a", l, [("attention_bwd", attn_bwd)], out_input, set_g_kv,
+                                 "cp_reducescatter_dkv"))
+            blocks.append(_Block("bwd_qkv", l, qkv_ops, out_input, deliver_to_norm("norm1", 0),
+                                 self.exit))
+        else:
+            blocks += self._norm_entry(l, "bwd_attn_norm", norm, g_input, set_g_full, "bwd_attn",
+                                       out_ops + [("attention_bwd", attn_bwd)] + qkv_ops,
+                                       out_input, deliver_to_norm("norm1", 0), self.exit)
+        return blocks
+
+    def instruction(self, direction: str, record: bool, recompute: bool) -> List[_Block]:
+        """The folded blocks of a forward or a backward instruction over the whole stack."""
+        blocks: List[_Block] = []
+        if direction == "forward":
+            for l in range(len(self.layers)):
+                blocks += self.forward_layer(l, record, False)
+        else:
+            for l in reversed(range(len(self.layers))):
+                if recompute:
+                    blocks += self.forward_layer(l, True, True)
+                blocks += self.backward_layer(l)
+        return _fold(blocks)
 
 
 @dataclass
@@ -829,55 +975,77 @@ class TraceEvent:
     layer: int
     compute_nb: int  # nano-batch whose compute the collective overlapped
     collective_nb: int
-    collective_of: str  # key of the block that produced the collective's input
+    collective_of: str  # block whose output the collective takes (a tail: the norm block)
     op_index: int  # launched right before this op of the compute block (-1: alone, at the tail)
     op: str
     sms: Optional[int]
+    collective: str = ""  # the kernel graph's name, e.g. "tp_reducescatter"
+    #: 0: the partition's collective; 1, 2, ...: the collectives of its communication tail (SP's
+    #: all-gather after the norm), started after the block's end on the same SM-count group
+    #: (op_index and op name where the chain began).
+    chain: int = 0
 
 
-def _run_chain(blocks: List[_Block], states: List[_NB], cursor: _Cursor, group_for_sms,
+def _run_tail(blk: _Block, st: _NB, group_of, sms: Optional[int], emit) -> None:
+    """The communication tail of `blk`'s collective: each folded block's ops, then its
+    collective, on the partition's SM-count group."""
+    for j, t in enumerate(blk.tail):
+        for _, op in t.ops:
+            op(st)
+        emit(t, j + 1)
+        t.deliver(st, _launch(t, t.collective_input(st), group_of(t, sms)).wait())
+
+
+def _run_chain(blocks: List[_Block], states: List[_NB], cursor: _Cursor, group_of,
                direction: str, trace: Optional[List[TraceEvent]],
                graph: KernelGraphBlocks) -> None:
     """Runs NB0 b0, NB1 b0, NB0 b1, NB1 b1, ...: each nano-batch's collective is launched
     asynchronously right before the plan's slot op of the other nano-batch's next block and
-    waited at that block's end; the last collective runs alone (the stack tail)."""
-    pending: Optional[Tuple[_NB, _Block, torch.Tensor, int]] = None
+    waited at that block's end, then its communication tail runs; the last collective runs
+    alone (the stack tail)."""
+    pending: Optional[Tuple[_NB, _Block, int, torch.Tensor]] = None
     seen: Dict[str, int] = {}
     for step in range(2 * len(blocks)):
         blk, nb = blocks[step // 2], step % 2
         st = states[nb]
-        launch_at, sms, handle = -1, None, None
+        launch_at, sms, key, work = -1, None, "", None
         if pending is not None:
-            choice = cursor.next(blk.key)
-            slot = choice.slot if choice is not None else graph.default_slot(blk.key)
+            key = graph.key_of(blk, pending[1])
+            choice = cursor.next(key)
+            slot = choice.slot if choice is not None else graph.default_slot(key)
             sms = choice.sms if choice is not None else None
-            allowed = graph.slots[blk.key]
+            allowed = graph.slots[key]
             if slot not in allowed:
-                raise ValueError(f"kareus.torch: partition '{blk.key}': unknown launch slot "
+                raise ValueError(f"kareus.torch: partition '{key}': unknown launch slot "
                                  f"'{slot}'; allowed: {', '.join(allowed)}")
             launch_at = allowed[slot]
+        occ = seen.get(key, 0)
+
+        def emit(c: _Block, chain: int, i: int = -1, name: str = "") -> None:
+            if trace is not None:
+                trace.append(TraceEvent(direction, key, occ, blk.layer, nb, pending[2], c.key,
+                                        i if chain == 0 else launch_at,
+                                        name if chain == 0 else blk.ops[launch_at][0], sms,
+                                        c.collective, chain))
+
         for i, (name, op) in enumerate(blk.ops):
             if i == launch_at:
-                p_state, p_blk, tensor, p_nb = pending
-                handle = dist.all_reduce(tensor, group=group_for_sms(sms), async_op=True)
-                if trace is not None:
-                    occ = seen.get(blk.key, 0)
-                    trace.append(TraceEvent(direction, blk.key, occ, blk.layer, nb, p_nb,
-                                            p_blk.key, i, name, sms))
+                work = _launch(pending[1], pending[3], group_of(pending[1], sms))
+                emit(pending[1], 0, i, name)
             op(st)
         if pending is not None:
-            seen[blk.key] = seen.get(blk.key, 0) + 1
-            handle.wait()
-            pending[1].deliver(pending[0], pending[2])
-        pending = (st, blk, blk.collective_input(st), nb)
-    p_state, p_blk, tensor, p_nb = pending
+            seen[key] = occ + 1
+            pending[1].deliver(pending[0], work.wait())
+            _run_tail(pending[1], pending[0], group_of, sms, emit)
+        pending = (st, blk, nb, blk.collective_input(st))
+    p_state, p_blk, p_nb, tensor = pending
     if trace is not None:
-        trace.append(TraceEvent(direction, "", 0, p_blk.layer, -1, p_nb, p_blk.key, -1, "", None))
-    dist.all_reduce(tensor, group=group_for_sms(None))
-    p_blk.deliver(p_state, tensor)
+        trace.append(TraceEvent(direction, "", 0, p_blk.layer, -1, p_nb, p_blk.key, -1, "", None,
+                                p_blk.collective))
+    p_blk.deliver(p_state, _launch(p_blk, tensor, group_of(p_blk, None)).wait())
 
 
-def _run_sequential(blocks: List[_Block], st: _NB, group_for_sms, direction: str,
+def _run_sequential(blocks: List[_Block], st: _NB, group_of, direction: str,
                     trace: Optional[List[TraceEvent]]) -> None:
     """Runs the blocks on the whole micro-batch, each collective in line after its block (a
     sequential instruction: Megatron-LM's order, NCCL's default CTAs). Traced as collectives
@@ -887,16 +1055,19 @@ def _run_sequential(blocks: List[_Block], st: _NB, group_for_sms, direction: str
     for n, blk in enumerate(blocks):
         for _, op in blk.ops:
             op(st)
-        tensor = blk.collective_input(st)
-        if trace is not None:
-            last = n + 1 == len(blocks)
-            key = "" if last else blk.key
-            occurrence = 0 if last else seen.get(blk.key, 0)
-            seen[blk.key] = seen.get(blk.key, 0) + 1
-            trace.append(TraceEvent(direction, key, occurrence, blk.layer, -1, 0, blk.key, -1, "",
-                                    None))
-        dist.all_reduce(tensor, group=group_for_sms(None))
-        blk.deliver(st, tensor)
+        last = n + 1 == len(blocks)
+        key = "" if last else blk.key
+        occurrence = 0 if last else seen.get(blk.key, 0)
+        seen[blk.key] = seen.get(blk.key, 0) + 1
+
+        def emit(c: _Block, chain: int) -> None:
+            if trace is not None:
+                trace.append(TraceEvent(direction, key, occurrence, blk.layer, -1, 0, c.key, -1,
+                                        "", None, c.collective, chain))
+
+        emit(blk, 0)
+        blk.deliver(st, _launch(blk, blk.collective_input(st), group_of(blk, None)).wait())
+        _run_tail(blk, st, group_of, None, emit)
 
 
 def _is_sequential(settings: Optional[InstructionSettings]) -> bool:
@@ -913,6 +1084,15 @@ def _regroup_ckpts(ckpts: List[Dict[int, torch.Tensor]], parts: int) -> List[Dic
             for i in range(parts)]
 
 
+def _execute(stack: "NanoBatchedStack", blocks: List[_Block], states: List[_NB],
+             settings: Optional[InstructionSettings], direction: str) -> None:
+    if _is_sequential(settings):
+        _run_sequential(blocks, states[0], stack._group_of, direction, stack.trace)
+    else:
+        _run_chain(blocks, states, _Cursor(settings), stack._group_of, direction, stack.trace,
+                   stack.graph)
+
+
 class _NanoStackFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, stack, *weights):  # type: ignore[override]
@@ -920,21 +1100,13 @@ class _NanoStackFunction(torch.autograd.Function):
         ctx.stack, ctx.microbatch = stack, None if settings is None else settings.microbatch
         grads: List[Optional[torch.Tensor]] = [None] * len(weights)
         b = _Builder(stack.layers, weights, grads)
-        record = not stack.recompute
-        sequential = _is_sequential(settings)
-        if sequential:
+        if _is_sequential(settings):
             states = [_NB(x.detach().contiguous())]
         else:
             x0, x1 = x.detach().chunk(2, dim=0)
             states = [_NB(x0.contiguous()), _NB(x1.contiguous())]
-        blocks: List[_Block] = []
-        for l in range(len(stack.layers)):
-            blocks += [b.fwd_attn(l, record, False), b.fwd_mlp(l, record, False)]
-        if sequential:
-            _run_sequential(blocks, states[0], stack.group_for_sms, "forward", stack.trace)
-        else:
-            _run_chain(blocks, states, _Cursor(settings), stack.group_for_sms, "forward",
-                       stack.trace, stack.graph)
+        _execute(stack, b.instruction("forward", not stack.recompute, False), states, settings,
+                 "forward")
         out = torch.cat([(s.r.detach() + s.y) for s in states], dim=0)
         if stack.recompute:
             ctx.ckpts = [dict(s.ckpt) for s in states]  # layer inputs only
@@ -956,8 +1128,7 @@ class _NanoStackFunction(torch.autograd.Function):
         weights = ctx.saved_tensors
         grads: List[Optional[torch.Tensor]] = [None] * len(weights)
         b = _Builder(stack.layers, weights, grads)
-        sequential = _is_sequential(settings)
-        parts = 1 if sequential else 2
+        parts = 1 if _is_sequential(settings) else 2
         if stack.recompute:
             states = [_NB(None) for _ in range(parts)]
             for s, ck in zip(states, _regroup_ckpts(ctx.ckpts, parts)):
@@ -970,16 +1141,8 @@ class _NanoStackFunction(torch.autograd.Function):
                     "sequential, one overlapped); that needs recompute=True")
         for s, g in zip(states, g_out.chunk(parts, dim=0)):
             s.g_r = g.contiguous()
-        blocks: List[_Block] = []
-        for l in reversed(range(len(stack.layers))):
-            if stack.recompute:
-                blocks += [b.fwd_attn(l, True, True), b.fwd_mlp(l, True, True)]
-            blocks += [b.bwd_mlp(l), b.bwd_attn(l)]
-        if sequential:
-            _run_sequential(blocks, states[0], stack.group_for_sms, "backward", stack.trace)
-        else:
-            _run_chain(blocks, states, _Cursor(settings), stack.group_for_sms, "backward",
-                       stack.trace, stack.graph)
+        _execute(stack, b.instruction("backward", True, stack.recompute), states, settings,
+                 "backward")
         for s in states:  # the stack input's gradient: the last norm backward and residual add
             b._norm_bwd(s)
             b._residual_grad_add(s)
@@ -987,23 +1150,26 @@ class _NanoStackFunction(torch.autograd.Function):
         ctx.states = ctx.ckpts = None
         return (g_x, None, *[torch.zeros_like(w) if g is None else g
                              for g, w in zip(grads, weights)])
-
-
 class NanoBatchedStack(nn.Module):
-    """The layers of one pipeline stage, run as two nano-batches with overlapped TP collectives
+    """The layers of one pipeline stage, run as two nano-batches with overlapped collectives
     (or, for an instruction the plan marks sequential, as one whole micro-batch).
 
     ``layers``: the stage's :class:`TPTransformerLayer` s (their parameters are used, not
-    copied). ``hooks``: a :class:`PipelineHooks` (or any object with a ``current`` attribute
-    holding the open instruction's :class:`InstructionSettings`); ``None`` or settings ``None``
-    run every collective at the partition start (the Nanobatching baseline). ``recompute``:
-    full recompute, as Kareus plans it (the backward instruction re-runs each layer's forward,
-    with the plan's ``fwd_*`` settings of that backward instruction, right before its backward).
-    ``group_for_sms(sms)`` returns the process group a collective with that SM count uses
-    (``sms`` is None where the plan gives none); by default the layers' TP group.
-    ``trace``: a list that receives a :class:`TraceEvent` per collective, or None.
-    ``graph``: the kernel graph's op lists and slots (:class:`KernelGraphBlocks`); by default
-    those of the hooks' plan's workload.
+    copied), all of one kind: tensor parallel, sequence parallel (SP) and/or context parallel
+    (CP). Under SP each block's collective is the TP reduce-scatter, followed on the
+    communication side by the next norm and its all-gather (the partition's communication
+    tail); under CP the K/V all-gather and the dK/dV reduce-scatter are collectives of their own
+    blocks, as in the kernel graph. ``hooks``: a :class:`PipelineHooks` (or any object with a
+    ``current`` attribute holding the open instruction's :class:`InstructionSettings`); ``None``
+    or settings ``None`` run every collective at the partition start (the Nanobatching
+    baseline). ``recompute``: full recompute, as Kareus plans it (the backward instruction
+    re-runs each layer's forward, with the plan's ``fwd_*`` settings of that backward
+    instruction, right before its backward). ``group_for_sms(sms)`` returns the process group a
+    TP collective with that SM count uses (``sms`` is None where the plan gives none); by
+    default the layers' TP group. ``cp_group_for_sms``: the same for the CP collectives; by
+    default the layers' CP group. ``trace``: a list that receives a :class:`TraceEvent` per
+    collective, or None. ``graph``: the kernel graph's op lists and slots
+    (:class:`KernelGraphBlocks`); by default those of the hooks' plan's workload.
     ``chunk``: the model chunk of the stage these layers are (interleaved schedules: a stage
     holds one stack per chunk, ``Plan.chunk_layers(stage, chunk)`` gives its layers, and the
     schedule runs stack ``c`` for an instruction of chunk ``c``); running it while the open
@@ -1016,12 +1182,15 @@ class NanoBatchedStack(nn.Module):
                  recompute: bool = True, group_for_sms: Optional[Callable[[Optional[int]],
                                                                           Any]] = None,
                  trace: Optional[List[TraceEvent]] = None, chunk: int = 0,
-                 graph: Optional[KernelGraphBlocks] = None):
+                 graph: Optional[KernelGraphBlocks] = None,
+                 cp_group_for_sms: Optional[Callable[[Optional[int]], Any]] = None):
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self.hooks, self.recompute, self.trace, self.chunk = hooks, recompute, trace, chunk
         group = layers[0].group if layers else None
+        cp_group = layers[0].cp_group if layers else None
         self.group_for_sms = group_for_sms or (lambda sms: group)
+        self.cp_group_for_sms = cp_group_for_sms or (lambda sms: cp_group)
         if graph is None:
             plan = getattr(hooks, "plan", None)
             if plan is None:
@@ -1030,16 +1199,21 @@ class NanoBatchedStack(nn.Module):
                                  "of_workload(workload_path)")
             graph = KernelGraphBlocks.of_workload(plan.workload_path)
         self.graph = graph
-        for layer in layers:
-            if layer.sequence_parallel or layer.cp_group is not None:
-                raise ValueError("kareus.torch: NanoBatchedStack runs tensor parallelism only; "
-                                 "sequence- and context-parallel layers run plainly "
-                                 "(layer.forward), see docs/runtime.md")
-        if layers:  # the executor's blocks against the graph's, once
+        kinds = {(layer.sequence_parallel, layer.cp_group is not None) for layer in layers}
+        if len(kinds) > 1:
+            raise ValueError("kareus.torch: a NanoBatchedStack's layers must all be of one kind "
+                             "(sequence parallel or not, context parallel or not)")
+        if layers:  # every partition of both instructions against the graph's, once
             b = _Builder(self.layers, [w for layer in self.layers for w in layer.params()], [])
-            for blk in (b.fwd_attn(0, True, False), b.fwd_mlp(0, True, False), b.bwd_mlp(0),
-                        b.bwd_attn(0)):
-                graph.check(blk.key, [name for name, _ in blk.ops])
+            for direction in ("forward", "backward"):
+                blocks = b.instruction(direction, True, recompute)
+                for i in range(1, 2 * len(blocks)):
+                    graph.key_of(blocks[i // 2], blocks[(i - 1) // 2])
+
+    def _group_of(self, blk: _Block, sms: Optional[int]) -> Any:
+        if _COLLECTIVES[blk.collective][1] == "cp":
+            return self.cp_group_for_sms(sms)
+        return self.group_for_sms(sms)
 
     def _settings_for(self, kind: str) -> Optional[InstructionSettings]:
         s = None if self.hooks is None else getattr(self.hooks, "current", None)

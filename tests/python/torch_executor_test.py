@@ -77,15 +77,37 @@ def rank_main(rank: int, workdir: str) -> None:
     rng = random.Random(11)
     fwd_keys, bwd_keys = ["fwd_attn", "fwd_mlp"], ["bwd_attn", "bwd_mlp"]
 
-    def pick(kind, keys, mb, mix):
+    def pick(kind, keys, mb, mix, g=graph):
         parts, mixes = {}, {}
         for k in keys:
-            slots = sorted(graph.slots[k])
+            slots = sorted(g.slots[k])
             parts[k] = kt.PartitionChoice(rng.choice([3, 6, 12]), rng.choice(slots))
             if mix:
                 mixes[k] = [(kt.PartitionChoice(3, rng.choice(slots)), 1),
                             (kt.PartitionChoice(6, rng.choice(slots)), 99)]
         return kt.InstructionSettings(kind, mb, 1410, parts, mixes)
+
+    def check_slots(name, trace, fwd, bwd, g):
+        """Every launch is before the op its setting names (occurrence-aware for mixes)."""
+        for e in trace:
+            if e.op_index < 0 or e.chain:
+                continue
+            s = fwd if e.direction == "forward" else bwd
+            occ = e.occurrence
+            if s is None or s.sequential:
+                want_slot = g.default_slot(e.key)
+            elif s.mixes.get(e.key):
+                upto, want_slot = 0, s.mixes[e.key][-1][0].slot
+                for choice, n in s.mixes[e.key]:
+                    upto += n
+                    if occ < upto:
+                        want_slot = choice.slot
+                        break
+            else:
+                want_slot = s.partitions[e.key].slot
+            if g.slots[e.key][want_slot] != e.op_index:
+                raise AssertionError(f"{name}: {e.key}#{occ} launched at op {e.op_index} "
+                                     f"({e.op}), setting says slot {want_slot}")
 
     cases = [("no plan, recompute", None, None, True, False)]
     for i in range(6):
@@ -103,28 +125,7 @@ def rank_main(rank: int, workdir: str) -> None:
                                     graph=graph)
         y, grads = run(stack, hooks, fwd, bwd)
         errs = [rel(y, ref_y)] + [rel(a, b) for a, b in zip(grads, ref_g)]
-        # Every launch is before the op its setting names (occurrence-aware for mixes).
-        seen = {}
-        for e in trace:
-            if e.op_index < 0:
-                continue
-            s = fwd if e.direction == "forward" else bwd
-            occ = seen.get((e.direction, e.key), 0)
-            seen[(e.direction, e.key)] = occ + 1
-            if s is None:
-                want_slot = "norm"
-            elif s.mixes.get(e.key):
-                upto, want_slot = 0, s.mixes[e.key][-1][0].slot
-                for choice, n in s.mixes[e.key]:
-                    upto += n
-                    if occ < upto:
-                        want_slot = choice.slot
-                        break
-            else:
-                want_slot = s.partitions[e.key].slot
-            if graph.slots[e.key][want_slot] != e.op_index:
-                raise AssertionError(f"{name}: {e.key}#{occ} launched at op {e.op_index} "
-                                     f"({e.op}), setting says slot {want_slot}")
+        check_slots(name, trace, fwd, bwd, graph)
         n_fwd = sum(1 for e in trace if e.direction == "forward" and e.op_index >= 0)
         n_bwd = sum(1 for e in trace if e.direction == "backward" and e.op_index >= 0)
         # 2 layers x 2 blocks: 2*4-1 overlapped launches in forward; backward adds the recompute.
@@ -169,10 +170,12 @@ def rank_main(rank: int, workdir: str) -> None:
                                 sequence_parallel=True) for i in range(2)]
     cp = [kt.TPTransformerLayer(shape, 0, 1, singles[rank], seed=7 + i, dtype=torch.float32,
                                 cp_group=group) for i in range(2)]
+    plain_runs = {}
     for label, ls, ref_params, reduced in (
             ("sequence parallel", sp, ref_g[1:], {0, 3}),
             ("context parallel", cp, full_gp, {0, 1, 2, 3, 4, 5})):
         y, gx, gp = run_layers(ls, x0[:, half])
+        plain_runs[label] = (y, [gx] + [g.clone() for g in gp])
         errs = {"output": rel(y, ref_y[:, half]), "input grad": rel(gx, ref_g[0][:, half])}
         for j, (g, want) in enumerate(zip(gp, ref_params)):
             if j % 6 in reduced:
@@ -183,13 +186,89 @@ def rank_main(rank: int, workdir: str) -> None:
         report.append((label, max(errs.values())))
     if rel(full_y, ref_y) > TOLERANCE:
         raise AssertionError("the TP=1 reference with gradients differs from the TP=2 output")
-    try:
-        kt.NanoBatchedStack(sp, Settable(), graph=graph)
-    except ValueError as e:
-        if "tensor parallelism only" not in str(e):
-            raise
-    else:
-        raise AssertionError("NanoBatchedStack accepted sequence-parallel layers")
+
+    # The nano-batched stack on the SP and CP layers against their plain runs, with the SP and
+    # CP kernel graphs' partitions; every collective's group is the one of its partition's SM
+    # count (recorded per call: gloo groups standing in for SmGroups' communicators).
+    data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "runtime", "data")
+    sms_of_group, calls = {}, []
+    real = {n: getattr(dist, n) for n in ("all_reduce", "all_gather")}
+
+    def recording(name):
+        def call(*a, group=None, **k):
+            if id(group) in sms_of_group:
+                calls.append(sms_of_group[id(group)])
+            return real[name](*a, group=group, **k)
+        return call
+
+    by_sms = {sms: dist.new_group([0, 1]) for sms in (None, 3, 6, 12)}
+    sms_of_group.update({id(g): sms for sms, g in by_sms.items()})
+    for label, ls, workload in (("sequence parallel", sp, "tiny_tp2_sp.yaml"),
+                                ("context parallel", cp, "tiny_cp2.yaml")):
+        g = kt.KernelGraphBlocks.of_workload(os.path.join(data, workload))
+        fwd_k = [k for k in g.ops if k.startswith("fwd_")]
+        bwd_k = [k for k in g.ops if k.startswith("bwd_")]
+        plain_y, plain_g = plain_runs[label]
+        sp_case = label == "sequence parallel"
+        picks = [("no plan", None, None, True),
+                 ("random slots, recompute", pick("forward", fwd_k, 0, False, g),
+                  pick("backward", bwd_k + fwd_k, 0, False, g), True),
+                 # The SP graph plans full recompute: without it the backward would open with
+                 # a norm block the graph has no partition for (refused below).
+                 (f"random slots with mixes, {'recompute' if sp_case else 'no recompute'}",
+                  pick("forward", fwd_k, 0, True, g),
+                  pick("backward", bwd_k + (fwd_k if sp_case else []), 0, True, g), sp_case),
+                 ("sequential forward, recompute", kt.InstructionSettings(
+                     "forward", 0, sequential=True), pick("backward", bwd_k + fwd_k, 0, False, g),
+                  True)]
+        for name, fwd, bwd, recompute in picks:
+            trace, hooks = [], Settable()
+            stack = kt.NanoBatchedStack(
+                ls, hooks, recompute=recompute, trace=trace, graph=g,
+                group_for_sms=(lambda sms: by_sms[sms]) if sp_case else None,
+                cp_group_for_sms=None if sp_case else (lambda sms: by_sms[sms]))
+            for p in [q for layer in ls for q in layer.params()]:
+                p.grad = None
+            x = x0[:, half].clone().requires_grad_(True)
+            del calls[:]
+            dist.all_reduce, dist.all_gather = recording("all_reduce"), recording("all_gather")
+            try:
+                hooks.current = fwd
+                y = stack(x)
+                hooks.current = bwd
+                (y * weight[:, half]).sum().backward()
+                hooks.current = None
+            finally:
+                dist.all_reduce, dist.all_gather = real["all_reduce"], real["all_gather"]
+            grads = [x.grad] + [q.grad for layer in ls for q in layer.params()]
+            errs = [rel(y, plain_y)] + [rel(a, b) for a, b in zip(grads, plain_g)]
+            case = f"{label} nano-batched, {name}"
+            if max(errs) > TOLERANCE:
+                raise AssertionError(f"{case}: relative error {max(errs):.3e} ({errs})")
+            check_slots(case, trace, fwd, bwd, g)
+            # SP: every collective is a TP one; CP: the CP ones are recorded (TP is size 1).
+            mine = [e for e in trace if sp_case or e.collective.startswith("cp_")]
+            want = [e.sms for e in mine]
+            if calls != want:
+                raise AssertionError(f"{case}: the collectives ran on the groups of SM counts "
+                                     f"{calls}, the partitions' are {want}")
+            tails = sum(1 for e in trace if e.chain)
+            if sp_case and (fwd is None or not fwd.sequential) and not tails:
+                raise AssertionError(f"{case}: no communication tail ran")
+            if fwd is not None and fwd.sequential and any(
+                    e.op_index >= 0 for e in trace if e.direction == "forward"):
+                raise AssertionError(f"{case}: a sequential forward overlapped a collective")
+            if fwd is not None and not fwd.sequential and not any(e.sms for e in mine):
+                raise AssertionError(f"{case}: no collective on an SM-count group")
+            report.append((f"{case} ({len(mine)} collectives, {tails} in tails)", max(errs)))
+        if sp_case:
+            try:
+                kt.NanoBatchedStack(ls, Settable(), recompute=False, graph=g)
+            except ValueError as e:
+                if "no partition 'bwd_mlp' overlapping tp_allgather" not in str(e):
+                    raise
+            else:
+                raise AssertionError("an SP stack without recompute accepted a recompute graph")
 
     if kt.TPTransformerLayer(shape, 0, 1, None, seed=7).wqkv.dtype != torch.bfloat16:
         raise AssertionError("the layer's default dtype is not bf16")
