@@ -89,11 +89,13 @@ def wait_for_locks(log_path: str, count: int, timeout_s: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def make_plan(kareus_bin: str, workload: str, path: str, timeout_s: float) -> dict:
+def make_plan(kareus_bin: str, workload: str, path: str, timeout_s: float,
+              method: str = "kareus") -> dict:
     # Clock switches free (the paper's model): this workload's instructions last well under a
     # switch, so with the catalogue's cost the plan would keep one clock, and a clock sequence is
     # what is tested here.
-    r = subprocess.run([kareus_bin, "plan", workload, "--min-energy", "--no-fallback",
+    how = ["--no-fallback"] if method == "kareus" else ["--method", method]
+    r = subprocess.run([kareus_bin, "plan", workload, "--min-energy", *how,
                         "--clock-switch-ms", "0", "--out", path],
                        capture_output=True, text=True, timeout=timeout_s)
     if r.returncode != 0:

@@ -11,9 +11,11 @@ one. Each rank runs
      collectives on SmGroups whose group factory is a recording stand-in (gloo groups; the
      ProcessGroupNCCL.Options each got are kept);
   3. Kareus, bf16: layers built in bf16 from the same seeds, as 2.
-With a sequence-parallel workload (tiny_tp2_pp2_sp.yaml) 2 and 3 run in clocks-only mode: the
-layers sequence-parallel and plain (NanoBatchedStack runs tensor parallelism only), the plan's
-hooks (order, clocks) the same; the reference 1 stays plain TP.
+With a sequence-parallel workload (tiny_tp2_pp2_sp.yaml) 2 and 3 run sequence-parallel layers in
+the NanoBatchedStacks (reduce-scatter, norm and all-gather chains); the reference 1 stays plain
+TP. Its Kareus plan keeps every instruction sequential at these shapes (overlap does not pay),
+so the test plans it with --plan-method ...=nanobatch_perseus: every instruction overlapped,
+each partition with its SM count, Perseus's clocks.
 Checks (the driver):
   - the actions the schedule ran are the plan's order and kareus.schedule_order's, and torch's
     stock ScheduleInterleaved1F1B order equals Kareus's for this (pp, V, micro-batches);
@@ -77,8 +79,8 @@ def run_case(args, case, torch, dist, kareus, kt, plan) -> None:
     shape = kt.ModelShape(w["layers"], w["hidden"], w["ffn_hidden"], w["heads"], w["kv_heads"],
                           w["head_dim"], w["vocab"])
     vstages = pp * chunks
-    # Sequence parallelism: the clocks-only mode (the layers run plainly, sequence-parallel, the
-    # plan's clocks and order applied by the same hooks); the reference is plain TP.
+    # Sequence parallelism: the Kareus runs' layers are sequence-parallel; the reference is
+    # plain TP (the same function).
     sp = bool(w["sequence_parallel"])
 
     class GatherSplit(torch.autograd.Function):
@@ -107,14 +109,17 @@ def run_case(args, case, torch, dist, kareus, kt, plan) -> None:
     sm_groups = kt.SmGroups(tp_groups, rank, sm_counts, new_group=recording_new_group)
     # Which SM count every collective's group carries, in launch order.
     collective_sms = []
-    real_all_reduce = dist.all_reduce
+    real_all_reduce, real_all_gather = dist.all_reduce, dist.all_gather
 
-    def all_reduce(tensor, *a, group=None, **k):
-        if id(group) in options_of:
-            o = options_of[id(group)]
-            collective_sms.append(None if o is None else
-                                  [o.config.min_ctas, o.config.max_ctas])
-        return real_all_reduce(tensor, *a, group=group, **k)
+    def recording(real):
+        """Under SP the reduce-scatter is an AllReduce on gloo, the all-gather its own call."""
+        def call(tensor, *a, group=None, **k):
+            if id(group) in options_of:
+                o = options_of[id(group)]
+                collective_sms.append(None if o is None else
+                                      [o.config.min_ctas, o.config.max_ctas])
+            return real(tensor, *a, group=group, **k)
+        return call
 
     emb_full, head_full = ft.embedding_and_head(torch, shape)
     vocab_local = shape.vocab // tp
@@ -220,28 +225,24 @@ def run_case(args, case, torch, dist, kareus, kt, plan) -> None:
     if os.path.exists(log_path):
         os.remove(log_path)
     trace = []
-    dist.all_reduce = all_reduce
+    dist.all_reduce, dist.all_gather = recording(real_all_reduce), recording(real_all_gather)
     try:
         with kareus.Controller(gpu_index=rank, dry_run=True, log_path=log_path) as ctl:
             hooks = kt.PipelineHooks(plan, rank, ctl)
-            if sp:
-                bodies = [Plain(ls) for ls in make_layers(torch.float32, True)]
-            else:
-                bodies = [kt.NanoBatchedStack(ls, hooks, recompute=w["recompute"], trace=trace,
-                                              chunk=c, group_for_sms=sm_groups)
-                          for c, ls in enumerate(fp32)]
+            bodies = [kt.NanoBatchedStack(ls, hooks, recompute=w["recompute"], trace=trace,
+                                          chunk=c, group_for_sms=sm_groups)
+                      for c, ls in enumerate(make_layers(torch.float32, True) if sp else fp32)]
             nano_losses, nano_grads, nano_actions = iteration(bodies, hooks, torch.float32, sp)
             ft.wait_for_locks(log_path, len(plan.clock_sequence(stage)))
         kareus_collectives = list(collective_sms)
         bf16 = make_layers(torch.bfloat16, sp)
         hooks16 = kt.PipelineHooks(plan, rank)
         bf_losses, bf_grads, _ = iteration(
-            [Plain(ls) if sp else
-             kt.NanoBatchedStack(ls, hooks16, recompute=w["recompute"], chunk=c,
+            [kt.NanoBatchedStack(ls, hooks16, recompute=w["recompute"], chunk=c,
                                  group_for_sms=sm_groups) for c, ls in enumerate(bf16)],
             hooks16, torch.bfloat16, sp)
     finally:
-        dist.all_reduce = real_all_reduce
+        dist.all_reduce, dist.all_gather = real_all_reduce, real_all_gather
 
     def rel(a, b):
         return (a - b).abs().max().item() / max(b.abs().max().item(), 1e-30)
@@ -317,6 +318,9 @@ def check_rank(res, plan_json) -> str:
                 seen += 1
             else:
                 want.append(None)
+    tails = sum(1 for e in res["trace"] if e["chain"])
+    if res["sequence_parallel"] and not tails:
+        ft.fail(f"rank {rank}: no reduce-scatter was followed by its norm and all-gather tail")
     # The recorded collectives include the embedding's AllReduce (first virtual stage), made on
     # the plain TP group, which is not an SmGroups group: the recorder skips it.
     if res["collective_sms"] != want:
@@ -326,7 +330,7 @@ def check_rank(res, plan_json) -> str:
     locks = [e["freq_mhz"] for e in ft.read_log(res["log"]) if e["event"] == "lock"]
     if locks != clocks:
         ft.fail(f"rank {rank}: controller applied {locks}, the plan's clock sequence is {clocks}")
-    mode = "clocks only, sequence parallel" if res["sequence_parallel"] else "nano-batched"
+    mode = "nano-batched, sequence parallel" if res["sequence_parallel"] else "nano-batched"
     return (f"rank {rank} (stage {res['stage']}, {mode}): {len(order)} actions in the plan's order, "
             f"fp32 max grad err {max(res['grad_rel_err'].values()):.1e}, bf16 "
             f"{max(res['bf16_grad_rel_err'].values()):.1e}, {seen} overlapped collectives on "
@@ -341,7 +345,8 @@ def driver(args) -> None:
     plans, plan_jsons = [], []
     for case, workload in enumerate(args.workload):
         plans.append(os.path.join(args.workdir, f"plan{case}.json"))
-        plan_jsons.append(ft.make_plan(args.kareus, workload, plans[-1], 60.0))
+        method = args.methods.get(os.path.basename(workload), "kareus")
+        plan_jsons.append(ft.make_plan(args.kareus, workload, plans[-1], 60.0, method))
     worlds = {j["workload"]["gpus"] for j in plan_jsons}
     if len(worlds) != 1:
         ft.fail(f"the workloads need {sorted(worlds)} ranks; one job runs them all")
@@ -362,6 +367,9 @@ def main() -> None:
     ap.add_argument("--workload", nargs="+",
                     help="workload files, each run as one case by the same ranks")
     ap.add_argument("--workdir")
+    ap.add_argument("--plan-method", action="append", default=[], metavar="WORKLOAD=METHOD",
+                    help="plan the workload file of that name with `kareus plan --method "
+                         "METHOD` (default kareus)")
     ap.add_argument("--timeout-s", type=float, default=150.0, help="for the 4 ranks")
     ap.add_argument("--rank", type=int)
     ap.add_argument("--world", type=int)
@@ -374,6 +382,7 @@ def main() -> None:
         if not (args.kareus and args.workload and args.workdir):
             ap.error("--kareus, --workload and --workdir are required")
         args.workload = [os.path.abspath(w) for w in args.workload]
+        args.methods = dict(m.split("=", 1) for m in args.plan_method)
         args.workdir = os.path.abspath(args.workdir)
         driver(args)
 
