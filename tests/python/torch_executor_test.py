@@ -270,6 +270,64 @@ def rank_main(rank: int, workdir: str) -> None:
             else:
                 raise AssertionError("an SP stack without recompute accepted a recompute graph")
 
+    # The CP stack under a plan from `kareus plan` (Nanobatching+Perseus: Kareus keeps this tiny
+    # workload sequential) through PipelineHooks, its CP collectives on SmGroups over the CP
+    # group: each group is a stand-in whose ProcessGroupNCCL.Options are kept, and each
+    # collective's must hold the plan's SM count of its partition.
+    import kareus
+
+    plan = kareus.Plan(os.path.join(workdir, "cp_plan.json"), os.path.join(data, "tiny_cp2.yaml"))
+    options_of = {}
+
+    def recording_new_group(ranks, backend=None, pg_options=None):
+        pg = dist.new_group(ranks, backend="gloo")
+        options_of[id(pg)] = pg_options
+        sms_of_group[id(pg)] = None if pg_options is None else (
+            pg_options.config.min_ctas, pg_options.config.max_ctas)
+        return pg
+
+    cp_groups = kt.SmGroups([[0, 1]], rank, kt.plan_sm_counts(plan),
+                            new_group=recording_new_group)
+    hooks = kt.PipelineHooks(plan, rank)
+    trace = []
+    stack = kt.NanoBatchedStack(cp, hooks, trace=trace, cp_group_for_sms=cp_groups)
+    (kind_f, _, mb), (kind_b, _, mb_b) = hooks.order[:2]
+    if (kind_f, kind_b, mb_b) != ("forward", "backward", mb):
+        raise AssertionError(f"the CP plan's order starts {hooks.order[:2]}")
+    for p in [q for layer in cp for q in layer.params()]:
+        p.grad = None
+    x = x0[:, half].clone().requires_grad_(True)
+    del calls[:]
+    dist.all_reduce, dist.all_gather = recording("all_reduce"), recording("all_gather")
+    settings = {}
+    try:
+        settings["forward"] = hooks.on_instruction_begin("forward", mb)
+        y = stack(x)
+        hooks.on_instruction_end("forward", mb)
+        settings["backward"] = hooks.on_instruction_begin("backward", mb)
+        (y * weight[:, half]).sum().backward()
+        hooks.on_instruction_end("backward", mb)
+    finally:
+        dist.all_reduce, dist.all_gather = real["all_reduce"], real["all_gather"]
+    plain_y, plain_g = plain_runs["context parallel"]
+    grads = [x.grad] + [q.grad for layer in cp for q in layer.params()]
+    errs = [rel(y, plain_y)] + [rel(a, b) for a, b in zip(grads, plain_g)]
+    if max(errs) > TOLERANCE:
+        raise AssertionError(f"context parallel with the plan: relative error {max(errs):.3e}")
+    check_slots("context parallel with the plan", trace, settings["forward"],
+                settings["backward"], stack.graph)
+    mine = [e for e in trace if e.collective.startswith("cp_")]
+    want = [None if e.sms is None else (e.sms, e.sms) for e in mine]
+    for e in mine:
+        if e.op_index >= 0 and e.sms != settings[e.direction].partitions[e.key].sms:
+            raise AssertionError(f"CP plan: {e.direction} {e.key} ran with {e.sms} SMs, the "
+                                 f"plan's {settings[e.direction].partitions[e.key].sms}")
+    if calls != want or not any(w for w in want):
+        raise AssertionError(f"CP plan: the collectives' groups carried {calls}, the plan's SM "
+                             f"counts are {want}")
+    report.append((f"context parallel with the plan ({sum(1 for w in want if w)} CP collectives "
+                   f"on SM groups {cp_groups.sm_counts})", max(errs)))
+
     if kt.TPTransformerLayer(shape, 0, 1, None, seed=7).wqkv.dtype != torch.bfloat16:
         raise AssertionError("the layer's default dtype is not bf16")
 
@@ -385,6 +443,16 @@ def main() -> None:
     os.makedirs(workdir, exist_ok=True)
     for f in os.listdir(workdir):
         os.remove(os.path.join(workdir, f))
+    from kareus.replan import find_cli
+
+    data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "runtime", "data")
+    r = subprocess.run([find_cli(), "plan", os.path.join(data, "tiny_cp2.yaml"), "--min-energy",
+                        "--method", "nanobatch_perseus", "--clock-switch-ms", "0", "--out",
+                        os.path.join(workdir, "cp_plan.json")], capture_output=True, text=True,
+                       timeout=60)
+    if r.returncode != 0:
+        print(f"FAIL: kareus plan exited {r.returncode}: {r.stderr[-2000:]}")
+        sys.exit(1)
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     procs = [subprocess.Popen([sys.executable, __file__, "--workdir", workdir, "--rank", str(r)],
                               env=env) for r in range(2)]
