@@ -65,7 +65,8 @@ class SmGroups:
     """``group_for_sms`` for :class:`kareus.torch.NanoBatchedStack`: the group of an SM count.
 
     ``tp_groups``: the ranks of every TP group of the job (every rank passes the same list, in
-    the same order); ``rank``: this process's global rank; ``sm_counts``: the SM counts to
+    the same order); the job's CP groups instead make the ``cp_group_for_sms`` of a
+    context-parallel stack; ``rank``: this process's global rank; ``sm_counts``: the SM counts to
     create groups for (:func:`plan_sm_counts`); ``default_group``: the group of collectives
     without an SM count (the stack tail, sequential instructions, copy-engine partitions);
     without it a plain ``new_group(ranks, backend=backend)`` per TP group is created first.
