@@ -677,6 +677,22 @@ def _leaf(t: torch.Tensor) -> torch.Tensor:
     return t.detach().requires_grad_(True)
 
 
+def _keep(name: str, in_tmp: bool = True) -> Callable[[_NB, torch.Tensor], None]:
+    """A block's `deliver` that keeps the collective's result as ``tmp[name]`` (or the state's
+    attribute ``name``)."""
+    def deliver(s: _NB, t: torch.Tensor) -> None:
+        if in_tmp:
+            s.tmp[name] = t
+        else:
+            setattr(s, name, t)
+    return deliver
+
+
+def _kv(rotated: Tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """The rotated K and V as one tensor, so that one CP collective carries both."""
+    return torch.cat([t.detach() for t in rotated[1:]], dim=-1)
+
+
 class _Builder:
     """Builds the blocks of a stage's layer stack as closures over one set of parameters, as
     the kernel graph cuts them: under sequence parallelism (SP) each norm is a small block of its
@@ -809,19 +825,12 @@ class _Builder:
             s.out = F.linear(s.tmp["a"], self._p(l, 5)).contiguous()
             s.tmp.clear()
 
-        def set_y(s: _NB, y: torch.Tensor):
-            s.y = y
-
-        def set_n(s: _NB, n: torch.Tensor):
-            s.tmp["n"] = n
-
-        def set_kv(s: _NB, kv: torch.Tensor):
-            s.tmp["kv"] = kv
+        set_y, set_n, set_kv = _keep("y", False), _keep("n"), _keep("kv")
+        out_input, n_input = (lambda s: s.out), (lambda s: s.tmp["n"])
 
         def kv_input(s: _NB) -> torch.Tensor:
-            return torch.cat([t.detach() for t in s.tmp["qkv_rot"][1:]], dim=-1)
+            return _kv(s.tmp["qkv_rot"])
 
-        out_input, n_input = (lambda s: s.out), (lambda s: s.tmp["n"])
         norm1 = [("residual_add", residual_add), ("rmsnorm", norm_op(0, "norm1"))]
         qkv_ops = [("qkv_gemm", qkv), ("rope", rope)]
         attn_ops = [("attention", attention), ("out_proj", out_proj)]
@@ -916,17 +925,10 @@ class _Builder:
                 s.g_reduced, s.norm_pending = g, (n, r, w, 6 * l + index)
             return deliver
 
-        def set_g_full(s: _NB, g: torch.Tensor):
-            s.g_full = g
-
-        def set_kv(s: _NB, kv: torch.Tensor):
-            s.tmp["kv"] = kv
-
-        def set_g_kv(s: _NB, g: torch.Tensor):
-            s.tmp["g_kv"] = g
+        set_g_full, set_kv, set_g_kv = _keep("g_full", False), _keep("kv"), _keep("g_kv")
 
         def kv_input(s: _NB) -> torch.Tensor:
-            return torch.cat([t.detach() for t in s.rec[l]["qkv_rot"][1:]], dim=-1)
+            return _kv(s.rec[l]["qkv_rot"])
 
         out_input, g_input = (lambda s: s.out), (lambda s: s.g_r)
         norm = [("rmsnorm_bwd", self._norm_bwd), ("residual_grad_add", self._residual_grad_add)]
