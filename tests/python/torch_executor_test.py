@@ -6,8 +6,12 @@ then nano-batched under several settings: no plan (every collective at the parti
 every slot of every partition (chosen by a seeded generator, per instruction), per-layer mixes,
 and with and without full recompute. Every run must give the plain run's output and gradients
 (input and all parameters) within 1e-5 relative, and must launch each collective right before the
-op its setting names. Bad settings (unknown slot, odd micro-batch, a backward under forward
-settings) must raise with a message naming what is allowed.
+op its setting names. Sequence-parallel (TP=2) and context-parallel (CP=2) stacks run the same
+way on their workloads' partitions (tiny_tp2_sp.yaml, tiny_cp2.yaml) against the plain SP and
+CP layers, each collective (SP's tail all-gathers included) on the group of its SM count, and
+the CP stack once more under a `kareus plan` plan through PipelineHooks and SmGroups. Bad
+settings (unknown slot, odd micro-batch, a backward under forward settings) must raise with a
+message naming what is allowed.
 
 Usage: torch_executor_test.py --workdir DIR   (kareus must be importable)
 """
