@@ -66,22 +66,43 @@ def run_case(args, case, torch, dist, kareus, kt, plan) -> None:
 
     rank = args.rank
     w = plan.workload
-    tp, pp, mbs, chunks = w["tp"], w["pp"], w["micro_batches"], plan.chunks
+    tp, cp, pp, mbs, chunks = w["tp"], w["cp"], w["pp"], w["micro_batches"], plan.chunks
+    if w["dp"] != 1:
+        raise ValueError("pipelining_test: data parallelism is not part of this test")
     stage = plan.stage_for_rank(rank)
-    tp_rank = plan.ranks_of_stage(stage).index(rank)
-    tp_groups = [plan.ranks_of_stage(s) for s in range(pp)]
-    groups = [dist.new_group(g) for g in tp_groups]
-    tp_group = groups[stage]
-    # The pipeline group of a TP rank: its counterparts on every stage.
-    pp_groups = [dist.new_group([plan.ranks_of_stage(s)[t] for s in range(pp)])
-                 for t in range(tp)]
-    pp_group = pp_groups[tp_rank]
+    # Megatron's rank order tp-cp-dp-pp: rank = tp_rank + tp * (cp_rank + cp * stage).
+    tp_rank, cp_rank = rank % tp, rank // tp % cp
+    if plan.ranks_of_stage(stage)[tp_rank + tp * cp_rank] != rank:
+        raise ValueError(f"pipelining_test: the plan's ranks of stage {stage} are "
+                         f"{plan.ranks_of_stage(stage)}, not in the order tp-cp-dp-pp")
+
+    def at(t, c, s):
+        return t + tp * (c + cp * s)
+
+    # Every group of the job, created by every rank in one order: TP groups (per stage and CP
+    # rank), CP groups (per stage and TP rank), pipeline groups (a rank's counterparts on every
+    # stage, per TP and CP rank).
+    tp_groups = [[at(t, c, s) for t in range(tp)] for s in range(pp) for c in range(cp)]
+    cp_groups = [[at(t, c, s) for c in range(cp)] for s in range(pp) for t in range(tp)]
+    pp_groups = [[at(t, c, s) for s in range(pp)] for c in range(cp) for t in range(tp)]
+    made = {tuple(g): dist.new_group(g) for g in tp_groups + (cp_groups if cp > 1 else [])}
+    made.update({tuple(g): dist.new_group(g) for g in pp_groups})
+
+    def mine(gs):
+        return made[tuple(next(g for g in gs if rank in g))]
+
+    tp_group, cp_group, pp_group = mine(tp_groups), mine(cp_groups) if cp > 1 else None, \
+        mine(pp_groups)
     shape = kt.ModelShape(w["layers"], w["hidden"], w["ffn_hidden"], w["heads"], w["kv_heads"],
                           w["head_dim"], w["vocab"])
     vstages = pp * chunks
-    # Sequence parallelism: the Kareus runs' layers are sequence-parallel; the reference is
-    # plain TP (the same function).
-    sp = bool(w["sequence_parallel"])
+    # Sequence / context parallelism: the Kareus runs' layers are sequence-parallel or
+    # context-parallel (the CP rank's contiguous shard of every sequence); the reference is
+    # plain TP over the whole sequence (the same function), which every CP rank runs alike.
+    sp, cpar = bool(w["sequence_parallel"]), cp > 1
+    if sp and cpar:
+        raise ValueError("pipelining_test: sequence and context parallelism together are not "
+                         "part of this test")
 
     class GatherSplit(torch.autograd.Function):
         """All-gather along the sequence into a replicated consumer (the output layer): every
@@ -107,12 +128,15 @@ def run_case(args, case, torch, dist, kareus, kt, plan) -> None:
 
     sm_counts = kt.plan_sm_counts(plan)
     sm_groups = kt.SmGroups(tp_groups, rank, sm_counts, new_group=recording_new_group)
+    cp_sm_groups = kt.SmGroups(cp_groups, rank, sm_counts, new_group=recording_new_group) \
+        if cpar else None
     # Which SM count every collective's group carries, in launch order.
     collective_sms = []
     real_all_reduce, real_all_gather = dist.all_reduce, dist.all_gather
 
     def recording(real):
-        """Under SP the reduce-scatter is an AllReduce on gloo, the all-gather its own call."""
+        """Under SP the reduce-scatter is an AllReduce on gloo, the all-gather its own call (CP's
+        dK/dV reduce-scatter and K/V all-gather the same)."""
         def call(tensor, *a, group=None, **k):
             if id(group) in options_of:
                 o = options_of[id(group)]
@@ -165,21 +189,33 @@ def run_case(args, case, torch, dist, kareus, kt, plan) -> None:
                 x = layer(x)
             return x
 
-    def loss_fn(logits, labels):
-        return F.cross_entropy(logits.reshape(-1, shape.vocab), labels.reshape(-1)) / mbs
-
-    def make_layers(dtype, seq_parallel=False):
+    def make_layers(dtype, sharded=False):
+        """The stage's layers per chunk; `sharded`: with the workload's SP or CP."""
         out = []
         for c in range(chunks):
             n, first_layer = plan.chunk_layers(stage, c)
             out.append([kt.TPTransformerLayer(shape, tp_rank, tp, tp_group,
                                               seed=SEED + 1 + first_layer + i, dtype=dtype,
-                                              sequence_parallel=seq_parallel)
+                                              sequence_parallel=sharded and sp,
+                                              cp_group=cp_group if sharded else None)
                         for i in range(n)])
         return out
 
-    def iteration(bodies, hooks, dtype, seq_parallel=False):
-        """One training iteration through torch's pipeline runtime; (losses, grads, actions)."""
+    def iteration(bodies, hooks, dtype, sharded=False):
+        """One training iteration through torch's pipeline runtime; (losses, grads, actions).
+        `sharded`: the layers are the workload's SP or CP ones."""
+        seq_parallel, context_parallel = sharded and sp, sharded and cpar
+        # A CP rank sees its shard of each sequence: its loss is its tokens' share of the
+        # micro-batch's mean (the CP group's losses sum to it), its gradients partial sums.
+        shard = slice(None)
+        if context_parallel:
+            local = w["seq_len"] // cp
+            shard = slice(cp_rank * local, (cp_rank + 1) * local)
+
+        def loss_fn(logits, labels):
+            return F.cross_entropy(logits.reshape(-1, shape.vocab), labels.reshape(-1)) / (
+                mbs * (cp if context_parallel else 1))
+
         mods = [Stage(c * pp + stage, bodies[c], dtype, seq_parallel) for c in range(chunks)]
         for m in mods:  # the plain and Kareus runs share the layers' parameters
             for p in m.parameters():
@@ -187,6 +223,7 @@ def run_case(args, case, torch, dist, kareus, kt, plan) -> None:
         # Static shapes: torch's shape inference sends pickled metadata, which needs numpy.
         mb, seq = w["micro_batch"], w["seq_len"]
         # requires_grad: what tells the runtime that a gradient flows back across the boundary.
+        seq = seq // cp if context_parallel else seq
         act = torch.empty(mb, seq // tp if seq_parallel else seq, shape.hidden, dtype=dtype,
                           requires_grad=True)
 
@@ -202,14 +239,20 @@ def run_case(args, case, torch, dist, kareus, kt, plan) -> None:
         sched = kt.kareus_schedule(stages, mbs, loss_fn=loss_fn, scale_grads=False)
         losses = []
         holds_first, holds_last = stage == 0, (vstages - 1) % pp == stage
-        step_args = (tokens[:, :-1],) if holds_first else ()
-        step_kwargs = {"target": tokens[:, 1:], "losses": losses} if holds_last else {}
+        step_args = (tokens[:, :-1][:, shard],) if holds_first else ()
+        step_kwargs = {"target": tokens[:, 1:][:, shard], "losses": losses} if holds_last else {}
         sched.step(*step_args, **step_kwargs)
+        if context_parallel and losses:  # the micro-batches' losses over the whole sequence
+            total = torch.stack([x.detach().float() for x in losses])
+            dist.all_reduce(total, group=cp_group)
+            losses = list(total)
         grads = {}
         for c, m in enumerate(mods):
             for name, p in m.named_parameters():
                 if seq_parallel and ".norm" in name:  # saw this rank's sequence share only
                     dist.all_reduce(p.grad, group=tp_group)
+                if context_parallel:  # every weight saw this rank's sequence shard only
+                    dist.all_reduce(p.grad, group=cp_group)
                 key = name.replace("body.", "")
                 if key.startswith("layers."):  # model-wide layer index
                     i = int(key.split(".")[1])
@@ -230,17 +273,19 @@ def run_case(args, case, torch, dist, kareus, kt, plan) -> None:
         with kareus.Controller(gpu_index=rank, dry_run=True, log_path=log_path) as ctl:
             hooks = kt.PipelineHooks(plan, rank, ctl)
             bodies = [kt.NanoBatchedStack(ls, hooks, recompute=w["recompute"], trace=trace,
-                                          chunk=c, group_for_sms=sm_groups)
-                      for c, ls in enumerate(make_layers(torch.float32, True) if sp else fp32)]
-            nano_losses, nano_grads, nano_actions = iteration(bodies, hooks, torch.float32, sp)
+                                          chunk=c, group_for_sms=sm_groups,
+                                          cp_group_for_sms=cp_sm_groups)
+                      for c, ls in enumerate(make_layers(torch.float32, True) if sp or cpar
+                                             else fp32)]
+            nano_losses, nano_grads, nano_actions = iteration(bodies, hooks, torch.float32, True)
             ft.wait_for_locks(log_path, len(plan.clock_sequence(stage)))
         kareus_collectives = list(collective_sms)
-        bf16 = make_layers(torch.bfloat16, sp)
+        bf16 = make_layers(torch.bfloat16, True)
         hooks16 = kt.PipelineHooks(plan, rank)
         bf_losses, bf_grads, _ = iteration(
             [kt.NanoBatchedStack(ls, hooks16, recompute=w["recompute"], chunk=c,
-                                 group_for_sms=sm_groups) for c, ls in enumerate(bf16)],
-            hooks16, torch.bfloat16, sp)
+                                 group_for_sms=sm_groups, cp_group_for_sms=cp_sm_groups)
+             for c, ls in enumerate(bf16)], hooks16, torch.bfloat16, True)
     finally:
         dist.all_reduce, dist.all_gather = real_all_reduce, real_all_gather
 
@@ -267,7 +312,7 @@ def run_case(args, case, torch, dist, kareus, kt, plan) -> None:
         "schedule_order": kareus.schedule_order(pp, chunks, mbs, stage),
         "stock_order": stock_order,
         "trace": [vars(e) for e in trace], "collective_sms": kareus_collectives,
-        "sm_counts": sm_counts, "sequence_parallel": sp,
+        "sm_counts": sm_counts, "sequence_parallel": sp, "context_parallel": cpar,
         "plan_sms": {f"{i.kind}/{i.chunk}/{i.microbatch}/{k}": p.sms
                      for i in plan.instructions(stage) for k, p in i.partitions.items()},
     }
@@ -321,6 +366,13 @@ def check_rank(res, plan_json) -> str:
     tails = sum(1 for e in res["trace"] if e["chain"])
     if res["sequence_parallel"] and not tails:
         ft.fail(f"rank {rank}: no reduce-scatter was followed by its norm and all-gather tail")
+    cp_overlapped = [e for e in res["trace"] if e["collective"].startswith("cp_")
+                     and e["op_index"] >= 0]
+    if res["context_parallel"] and {e["collective"] for e in cp_overlapped} != {
+            "cp_allgather_kv", "cp_reducescatter_dkv"}:
+        ft.fail(f"rank {rank}: the overlapped CP collectives were "
+                f"{sorted({e['collective'] for e in cp_overlapped})}, not the K/V all-gather and "
+                f"the dK/dV reduce-scatter")
     # The recorded collectives include the embedding's AllReduce (first virtual stage), made on
     # the plain TP group, which is not an SmGroups group: the recorder skips it.
     if res["collective_sms"] != want:
@@ -330,7 +382,9 @@ def check_rank(res, plan_json) -> str:
     locks = [e["freq_mhz"] for e in ft.read_log(res["log"]) if e["event"] == "lock"]
     if locks != clocks:
         ft.fail(f"rank {rank}: controller applied {locks}, the plan's clock sequence is {clocks}")
-    mode = "nano-batched, sequence parallel" if res["sequence_parallel"] else "nano-batched"
+    mode = "nano-batched" + (", sequence parallel" if res["sequence_parallel"] else "") + (
+        f", context parallel ({len(cp_overlapped)} CP collectives overlapped)"
+        if res["context_parallel"] else "")
     return (f"rank {rank} (stage {res['stage']}, {mode}): {len(order)} actions in the plan's order, "
             f"fp32 max grad err {max(res['grad_rel_err'].values()):.1e}, bf16 "
             f"{max(res['bf16_grad_rel_err'].values()):.1e}, {seen} overlapped collectives on "
@@ -370,7 +424,7 @@ def main() -> None:
     ap.add_argument("--plan-method", action="append", default=[], metavar="WORKLOAD=METHOD",
                     help="plan the workload file of that name with `kareus plan --method "
                          "METHOD` (default kareus)")
-    ap.add_argument("--timeout-s", type=float, default=150.0, help="for the 4 ranks")
+    ap.add_argument("--timeout-s", type=float, default=150.0, help="for all the ranks")
     ap.add_argument("--rank", type=int)
     ap.add_argument("--world", type=int)
     ap.add_argument("--plan")
