@@ -37,6 +37,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import List, Optional, Sequence
 
 TOLERANCE = 1e-5
 F, B = "forward", "backward"
@@ -49,6 +50,8 @@ INTERLEAVED_P2_V2_M4 = [
 ]
 SEED = 1234
 BUDGET_S = 110.0  # all of the driver's waits together; ctest kills the test at 120 s
+#: What every rank imports, loaded once in the process the ranks are forked from (run_ranks).
+PRELOAD = ("torch", "torch.distributed", "kareus", "kareus.torch")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -104,13 +107,67 @@ def make_plan(kareus_bin: str, workload: str, path: str, timeout_s: float,
         return json.load(f)
 
 
-def run_ranks(script: str, world: int, plan: str, args, timeout_s: float) -> None:
-    """Runs `script --rank r` for every rank (an argument vector each) and waits, bounded."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
-    procs = [subprocess.Popen([sys.executable, script, "--rank", str(r), "--world", str(world),
-                               "--plan", plan, "--workload", args.workload, "--workdir",
-                               args.workdir], env=env) for r in range(world)]
+RANK_ENV = {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+
+
+def run_ranks(script: str, world: int, plan: str, args, timeout_s: float,
+              preload: Sequence[str] = ()) -> None:
+    """Runs `script --rank r` for every rank (an argument vector each) and waits, bounded.
+
+    With `preload` (module names, e.g. torch) the ranks are forked from one process that
+    imported those modules once (multiprocessing's forkserver) instead of each rank importing
+    them: torch with torch.distributed.pipelining costs about 5 s of CPU per process, so on two
+    cores the imports of 8 ranks take longer than their training iterations."""
+    if not preload:
+        env = dict(os.environ, **RANK_ENV)
+        procs = [subprocess.Popen([sys.executable, script, *rank_argv(r, world, plan, args)],
+                                  env=env) for r in range(world)]
+        wait_ranks(procs, timeout_s)
+        return
+    import multiprocessing
+
+    os.environ.update(RANK_ENV)  # the fork server's environment is the ranks'
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(preload))
+    procs = [_Forked(ctx.Process(target=_run_script, args=(script, rank_argv(r, world, plan,
+                                                                             args))))
+             for r in range(world)]
     wait_ranks(procs, timeout_s)
+
+
+def rank_argv(rank: int, world: int, plan: str, args) -> List[str]:
+    return ["--rank", str(rank), "--world", str(world), "--plan", plan, "--workload",
+            args.workload, "--workdir", args.workdir]
+
+
+def _run_script(script: str, argv: List[str]) -> None:
+    """A forked rank: runs `script argv` as the main module (its imports are the fork server's,
+    already loaded)."""
+    import runpy
+
+    sys.argv = [script, *argv]
+    runpy.run_path(script, run_name="__main__")
+
+
+class _Forked:
+    """A started multiprocessing.Process with the part of Popen's interface wait_ranks uses."""
+
+    def __init__(self, process):
+        self._p = process
+        process.start()
+
+    def wait(self, timeout: float) -> int:
+        self._p.join(timeout)
+        if self._p.exitcode is None:
+            raise subprocess.TimeoutExpired(str(self._p.name), timeout)
+        return self._p.exitcode
+
+    def kill(self) -> None:
+        self._p.kill()
+
+    @property
+    def returncode(self) -> Optional[int]:
+        return self._p.exitcode
 
 
 def wait_ranks(procs, timeout_s: float) -> None:
@@ -373,7 +430,7 @@ def driver(args) -> None:
     print(f"plan: {plan} ({plan_json['goal']}, {world} ranks) after {time.monotonic() - t0:.1f} s",
           flush=True)
 
-    run_ranks(__file__, world, plan, args, min(args.timeout_s, left() - 30.0))
+    run_ranks(__file__, world, plan, args, min(args.timeout_s, left() - 30.0), preload=PRELOAD)
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")  # for the victim
     print(f"4 ranks done after {time.monotonic() - t0:.1f} s", flush=True)
 

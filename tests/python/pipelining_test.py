@@ -1,10 +1,11 @@
 #!/usr/bin/python3
-"""A Kareus plan run through torch.distributed.pipelining on CPU (gloo), TP=2 PP=2, 4 processes.
+"""A Kareus plan run through torch.distributed.pipelining on CPU (gloo): TP=2 PP=2 on 4
+processes, and TP=2 CP=2 PP=2 on 8.
 
-The tiny Llama-like model of functional_test.py (tests/runtime/data/tiny_tp2_pp2*.yaml) is
-trained for one iteration by torch's own pipeline runtime: Schedule1F1B for the 1F1B workload,
-KareusInterleaved1F1B (torch's ScheduleInterleaved1F1B on Kareus's order) for the interleaved
-one. Each rank runs
+The tiny Llama-like model of functional_test.py (tests/runtime/data/tiny_tp2_pp2*.yaml,
+tiny_tp2_cp2_pp2*.yaml) is trained for one iteration by torch's own pipeline runtime:
+Schedule1F1B for a 1F1B workload, KareusInterleaved1F1B (torch's ScheduleInterleaved1F1B on
+Kareus's order) for an interleaved one. Each rank runs
   1. plain: the stage's TPTransformerLayers in a loop, fp32, hooks without a plan;
   2. Kareus, fp32: the same layers in NanoBatchedStacks, PipelineHooks with the plan from
      `kareus plan` and a dry-run controller, put into the schedule by instrument_stages, and the
@@ -12,20 +13,27 @@ one. Each rank runs
      ProcessGroupNCCL.Options each got are kept);
   3. Kareus, bf16: layers built in bf16 from the same seeds, as 2.
 With a sequence-parallel workload (tiny_tp2_pp2_sp.yaml) 2 and 3 run sequence-parallel layers in
-the NanoBatchedStacks (reduce-scatter, norm and all-gather chains); the reference 1 stays plain
-TP. Its Kareus plan keeps every instruction sequential at these shapes (overlap does not pay),
-so the test plans it with --plan-method ...=nanobatch_perseus: every instruction overlapped,
-each partition with its SM count, Perseus's clocks.
+the NanoBatchedStacks (reduce-scatter, norm and all-gather chains); with a context-parallel one
+(tiny_tp2_cp2_pp2*.yaml) context-parallel layers, each CP rank on its contiguous shard of every
+sequence (K/V all-gathers and dK/dV reduce-scatters on SmGroups over the CP groups; the losses
+and the weights' partial gradients summed over the CP group). The reference 1 stays plain TP
+over the whole sequence (the same function; every CP rank runs it alike). Kareus's own plan of
+these workloads keeps every instruction sequential (overlap does not pay at these shapes), so
+the test plans them with --plan-method ...=nanobatch_perseus: every instruction overlapped, each
+partition with its SM count, Perseus's clocks.
 Checks (the driver):
   - the actions the schedule ran are the plan's order and kareus.schedule_order's, and torch's
     stock ScheduleInterleaved1F1B order equals Kareus's for this (pp, V, micro-batches);
   - losses and every gradient of 2 equal 1's within 1e-5 relative; 3 within BF16_TOLERANCE;
   - every overlapped collective ran on a group whose NCCL config has min_ctas = max_ctas = the
-    plan's SM count of that partition, and every other collective on the default group;
+    plan's SM count of that partition (TP and CP collectives alike), and every other collective
+    on the default group; under CP both the K/V all-gather and the dK/dV reduce-scatter
+    overlapped;
   - each rank's controller log holds exactly its stage's clock sequence (from the plan JSON).
 
 Usage: pipelining_test.py --kareus BIN/kareus --workload W.yaml [W2.yaml ...] --workdir DIR
-(the workloads run one after the other in the same 4 rank processes).
+(the workloads, all of one world size, run one after the other in the same rank processes,
+forked from one that imported torch once).
 """
 
 import argparse
@@ -42,6 +50,7 @@ TOLERANCE = 1e-5
 #: layers and the backward; the max-abs gradient error relative to the gradient's max-abs.
 BF16_TOLERANCE = 5e-2
 SEED = ft.SEED
+PRELOAD = ft.PRELOAD + ("torch.distributed.pipelining",)
 
 
 def rank_main(args) -> None:
@@ -249,15 +258,17 @@ def run_case(args, case, torch, dist, kareus, kt, plan) -> None:
         grads = {}
         for c, m in enumerate(mods):
             for name, p in m.named_parameters():
+                # Partial gradients are summed in fp32, as Megatron reduces its fp32 main grads.
+                g = p.grad.detach().float().clone()
                 if seq_parallel and ".norm" in name:  # saw this rank's sequence share only
-                    dist.all_reduce(p.grad, group=tp_group)
+                    dist.all_reduce(g, group=tp_group)
                 if context_parallel:  # every weight saw this rank's sequence shard only
-                    dist.all_reduce(p.grad, group=cp_group)
+                    dist.all_reduce(g, group=cp_group)
                 key = name.replace("body.", "")
                 if key.startswith("layers."):  # model-wide layer index
                     i = int(key.split(".")[1])
                     key = f"layer{plan.chunk_layers(stage, c)[1] + i}." + key.split(".", 2)[2]
-                grads[f"{key}@vs{m.vs}"] = p.grad.detach().float().clone()
+                grads[f"{key}@vs{m.vs}"] = g
         return [float(x.detach()) for x in losses], grads, actions
 
     fp32 = make_layers(torch.float32)
@@ -406,7 +417,8 @@ def driver(args) -> None:
         ft.fail(f"the workloads need {sorted(worlds)} ranks; one job runs them all")
     world = worlds.pop()
     ranks_args = argparse.Namespace(workload=os.pathsep.join(args.workload), workdir=args.workdir)
-    ft.run_ranks(__file__, world, os.pathsep.join(plans), ranks_args, args.timeout_s)
+    ft.run_ranks(__file__, world, os.pathsep.join(plans), ranks_args, args.timeout_s,
+                 preload=PRELOAD)
     for case, workload in enumerate(args.workload):
         print(os.path.basename(workload), flush=True)
         for rank in range(world):
