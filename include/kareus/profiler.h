@@ -46,6 +46,20 @@ struct NoiseRel {
 inline constexpr double kTimeNoiseShare = 0.1;  ///< time noise / energy noise
 inline constexpr NoiseRel kMeasuredNoiseRel{0.001, 0.01};
 
+/// The window that kMeasuredNoiseRel and the emulator's --noise refer to: the protocol's
+/// default (ProtocolOptions::window_s).
+inline constexpr double kReferenceWindowS = 5.0;
+
+/// Repeatability of a measurement taken with a `window_s` window, given the repeatability
+/// `at_reference` of one taken with kReferenceWindowS. Energy: relative variance a + b /
+/// window_s, both fitted to the H200's (docs/cuda.md, "Repeatability": 1.60% RMS at 2 s windows,
+/// 1.06% at 5 s): b / window_s is what averages out in a longer window (NVML's counter steps
+/// about every 100 ms, the power cap swings the clock within a window), a what does not (drift
+/// between rounds). Time repeats to about 0.1% at either length and is kept. The result scales
+/// `at_reference` by the ratio, so --noise 0 stays exact. Throws InvalidInput unless window_s is
+/// finite and > 0.
+NoiseRel noise_at_window(NoiseRel at_reference, double window_s);
+
 /// Both objectives' noise from an energy noise and a time noise, where a negative time noise
 /// (-1 by convention) means kTimeNoiseShare x the energy's (the measured ratio), so an exact
 /// energy makes an exact time. Callers validate the values.
@@ -65,8 +79,10 @@ struct ProfilerOptions {
   // Real-GPU backends (cuda).
   bool allow_clock_control = false;  ///< lock SM clocks; without it measure at the current clock
   std::vector<int> devices = {};     ///< GPU indices of the partition's group; empty: 0..n-1
-  double window_s = 5.0;             ///< measurement window of the protocol
-  double cooldown_s = 5.0;           ///< cool-down after each point
+  /// Measurement window of the protocol; the emulator scales its noise to it
+  /// (noise_at_window: --noise is the noise at kReferenceWindowS).
+  double window_s = kReferenceWindowS;
+  double cooldown_s = 5.0;  ///< cool-down after each point
 };
 
 class Profiler {

@@ -1,6 +1,7 @@
 // The emulator as a profiling backend: exact model numbers plus seeded measurement noise.
-// Noise is a pure function of (seed, partition signature, configuration), so a point measured
-// twice, in any order or after a crash, reads the same: the same seed gives the same result.
+// Noise is a pure function of (seed, partition signature, configuration, window), so a point
+// measured twice, in any order or after a crash, reads the same: the same seed gives the same
+// result. Its size follows the window (noise_at_window, fitted to an H200's repeatability).
 #include <fmt/format.h>
 
 #include <chrono>
@@ -38,6 +39,9 @@ EmulatorProfiler::EmulatorProfiler(const ProfilerOptions& o, EmulatorParams para
     : model_(gpu_by_name(o.gpu), params),
       opt_(o),
       noise_(noise_with_time_share(o.noise, o.time_noise)) {
+  if (!(o.window_s > 0) || !std::isfinite(o.window_s)) {
+    throw InvalidInput(fmt::format("--window-s must be > 0, got {}", o.window_s));
+  }
   if (!(o.noise >= 0 && o.noise <= 0.5)) {
     throw InvalidInput(fmt::format("--noise must be in [0, 0.5], got {}", o.noise));
   }
@@ -49,11 +53,18 @@ EmulatorProfiler::EmulatorProfiler(const ProfilerOptions& o, EmulatorParams para
     throw InvalidInput(
         fmt::format("--emulate-profiling-delay-ms must be >= 0, got {}", o.delay_ms));
   }
+  // --noise is the repeatability of a reference-window measurement; a shorter window is
+  // noisier. The fingerprint carries the scaled noise, so the store keeps the two apart.
+  noise_ = noise_at_window(noise_, o.window_s);
 }
 
 std::string EmulatorProfiler::fingerprint() const {
-  return fmt::format("emulator:{:016x}:noise={}:time_noise={}:seed={}",
-                     fnv1a(model_.params().to_string()), noise_.energy, noise_.time, opt_.seed);
+  // The reference window adds nothing, so stores profiled before windows mattered stay valid.
+  return fmt::format("emulator:{:016x}:noise={}:time_noise={}:seed={}{}",
+                     fnv1a(model_.params().to_string()), noise_.energy, noise_.time, opt_.seed,
+                     opt_.window_s == kReferenceWindowS
+                         ? std::string()
+                         : fmt::format(":window_s={}", opt_.window_s));
 }
 
 Measurement EmulatorProfiler::finish(double time_s, double dyn_j, const std::string& noise_key) {
@@ -61,7 +72,11 @@ Measurement EmulatorProfiler::finish(double time_s, double dyn_j, const std::str
   const double ps = model_.gpu().static_power_w;
   double energy = dyn_j + ps * time_s;
   if (noise_.time > 0 || noise_.energy > 0) {
-    const auto [z1, z2] = normals(opt_.seed, noise_key);
+    // Another window is another measurement: its draw must not repeat the reference one's.
+    const auto [z1, z2] =
+        normals(opt_.seed, opt_.window_s == kReferenceWindowS
+                               ? noise_key
+                               : fmt::format("{}|window={}", noise_key, opt_.window_s));
     time_s *= std::max(0.5, 1.0 + noise_.time * z1);
     energy *= std::max(0.5, 1.0 + noise_.energy * z2);
   }

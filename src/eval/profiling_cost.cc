@@ -15,16 +15,24 @@ static_assert(ProfilingCostEstimate{}.window_s + ProfilingCostEstimate{}.cooldow
               kRealSecondsPerPoint);
 
 double ProfilingCostEstimate::wall_s() const {
-  return static_cast<double>(points) * (window_s + cooldown_s);
+  return static_cast<double>(points) * (window_s + cooldown_s) +
+         static_cast<double>(screen_points) * (screen_window_s + screen_cooldown_s);
 }
 
-double ProfilingCostEstimate::gpu_hours() const { return wall_s() * gpus_per_measurement / 3600.0; }
+double ProfilingCostEstimate::gpu_s() const { return wall_s() * gpus_per_measurement; }
+
+double ProfilingCostEstimate::gpu_hours() const { return gpu_s() / 3600.0; }
 
 std::string ProfilingCostEstimate::describe() const {
+  const std::string screened =
+      screen_points == 0 ? std::string()
+                         : fmt::format("{} screened x ({:g} s window + {:g} s cool-down) + ",
+                                       screen_points, screen_window_s, screen_cooldown_s);
   return fmt::format(
-      "{:.1f} GPU-hours, {} on one {}-GPU node (estimate: {} configurations x ({:g} s window + "
-      "{:g} s cool-down), one node per measurement)",
-      gpu_hours(), format_duration(wall_s()), gpus_per_measurement, points, window_s, cooldown_s);
+      "{:.1f} GPU-hours, {} on one {}-GPU node (estimate: {}{} configurations x ({:g} s window "
+      "+ {:g} s cool-down), one node per measurement)",
+      gpu_hours(), format_duration(wall_s()), gpus_per_measurement, screened, points, window_s,
+      cooldown_s);
 }
 
 nlohmann::json ProfilingCostEstimate::to_json() const {
@@ -33,7 +41,11 @@ nlohmann::json ProfilingCostEstimate::to_json() const {
           {"window_s", window_s},
           {"cooldown_s", cooldown_s},
           {"gpus_per_measurement", gpus_per_measurement},
+          {"screen_points", screen_points},
+          {"screen_window_s", screen_window_s},
+          {"screen_cooldown_s", screen_cooldown_s},
           {"wall_s", wall_s()},
+          {"gpu_s", gpu_s()},
           {"gpu_hours", gpu_hours()}};
 }
 
@@ -45,6 +57,21 @@ ProfilingCostEstimate estimate_profiling_cost(std::size_t points, int gpus_per_n
   ProfilingCostEstimate e;
   e.points = points;
   e.gpus_per_measurement = gpus_per_node;
+  return e;
+}
+
+ProfilingCostEstimate estimate_profiling_cost(std::size_t points, int gpus_per_node,
+                                              std::size_t screen_points, double screen_window_s,
+                                              double screen_cooldown_s) {
+  ProfilingCostEstimate e = estimate_profiling_cost(points, gpus_per_node);
+  if (screen_points > 0 && (!(screen_window_s > 0) || !(screen_cooldown_s >= 0))) {
+    throw InvalidInput(fmt::format(
+        "profiling cost: screening needs a window > 0 s and a cool-down >= 0 s, got {} s and {} s",
+        screen_window_s, screen_cooldown_s));
+  }
+  e.screen_points = screen_points;
+  e.screen_window_s = screen_window_s;
+  e.screen_cooldown_s = screen_cooldown_s;
   return e;
 }
 

@@ -204,6 +204,8 @@ TEST(Formats, DocumentedKeysAreExactlyTheEmittedOnes) {
                  " --json"));
   c.add("profile --static-power --json", run_json("profile " + llama + " --static-power --json"));
   c.add("search --json", run_json("search " + llama + " --partition fwd_mlp --json" + fast));
+  c.add("search --json", run_json("search " + llama +
+                                  " --partition fwd_mlp --json --screen-window-s 2" + fast));
   c.add("frontier --json",
         run_json("frontier " + qwen + " --json" + fast + " --dump-dag " + tmp.file("dag.json")));
   c.add("frontier --dump-dag", read_json(tmp.file("dag.json")));

@@ -18,7 +18,9 @@
 #include "commands.h"
 #include "kareus/error.h"
 #include "kareus/evaluate.h"
+#include "kareus/profiling_cost.h"
 #include "kareus/progress.h"
+#include "kareus/screening.h"
 #include "kareus/search.h"
 #include "kareus/table.h"
 #include "profiling_flags.h"
@@ -49,6 +51,7 @@ struct SearchArgs {
   SearchOptions opt;
   bool json = false, quiet = false;
   ProfilingFlags flags;
+  ScreeningFlags screening;
 };
 
 }  // namespace
@@ -98,6 +101,7 @@ void register_search(CLI::App& app, Action& action) {
   cmd->add_flag("--json", a.json, "machine-readable output");
   cmd->add_flag("--quiet", a.quiet, "no progress bar");
   add_profiling_flags(cmd, a.flags);
+  add_screening_flags(cmd, a.screening);
   cmd->footer(
       "Exit codes: 0 done, 2 invalid input, 3 measurements needed (--ask: measure the points in "
       "the --ask file, append them to the --trace file, rerun).");
@@ -117,6 +121,9 @@ void register_search(CLI::App& app, Action& action) {
                              !std::filesystem::exists(flags.trace);
       if (new_trace) check_output("--trace", flags.trace, OutputKind::kFile);
       check_profiling_flags(flags);
+      const bool screen = args->screening.on();
+      const ScreeningOptions so =
+          screen ? screening_options(args->screening, flags, !ask.empty()) : ScreeningOptions{};
       const Workload w = load_job(file);
       const PartitionSet ps = partition_workload(w);
       const Partition& p = ps.partition(partition);
@@ -138,9 +145,19 @@ void register_search(CLI::App& app, Action& action) {
                                       static_cast<std::size_t>(std::max(opt.budget, 1)));
       Progress bar(fmt::format("search {} ({})", p.key, strategy), expect, !quiet && ask.empty());
       SearchResult r;
+      ScreenedSearch screened;
+      const SearchProgress progress = [&](int done, int) {
+        bar.update(static_cast<std::size_t>(done));
+      };
       try {
-        r = strat->run(p, space, *session.cached, opt,
-                       [&](int done, int) { bar.update(static_cast<std::size_t>(done)); });
+        if (screen) {
+          ScreeningSession sc = open_screening(flags, w, session, so);
+          screened =
+              screened_search(*strat, p, space, *sc.cached, *session.cached, opt, so, progress);
+          r = screened.result;
+        } else {
+          r = strat->run(p, space, *session.cached, opt, progress);
+        }
       } catch (const MeasurementsNeeded& need) {
         bar.finish();
         write_ask_file(ask, need.partition(), need.configs());
@@ -157,6 +174,13 @@ void register_search(CLI::App& app, Action& action) {
       // (select_front), the measured Pareto set for the other strategies.
       const auto measured_front = r.front();
       const auto front = r.selected.empty() ? measured_front : r.selected;
+      // What the same search costs on real GPUs: every point the search used, screened or not,
+      // and the confirmations with the full window.
+      const auto used = static_cast<std::size_t>(r.evaluations);
+      const ProfilingCostEstimate cost =
+          screen ? estimate_profiling_cost(screened.confirmed.size(), w.cluster.gpus_per_node, used,
+                                           so.window_s, so.cooldown_s)
+                 : estimate_profiling_cost(used, w.cluster.gpus_per_node);
       if (json) {
         nlohmann::json j;
         j["partition"] = p.key;
@@ -184,6 +208,22 @@ void register_search(CLI::App& app, Action& action) {
         for (std::size_t i : measured_front) {
           j["measured_front"].push_back(search_point_json(r.points[i]));
         }
+        if (screen) {
+          j["screening"] = {{"window_s", so.window_s},
+                            {"cooldown_s", so.cooldown_s},
+                            {"full_window_s", so.full_window_s},
+                            {"screen_measured", screened.screen_measured},
+                            {"confirm_measured", screened.confirm_measured},
+                            {"confirmed", nlohmann::json::array()}};
+          for (std::size_t k = 0; k < screened.confirmed.size(); ++k) {
+            nlohmann::json cj = search_point_json(r.points[screened.confirmed[k]]);
+            cj["full"] = {{"time_s", screened.full[k].time_s},
+                          {"energy_j", screened.full[k].energy_j},
+                          {"dynamic_energy_j", screened.full[k].dynamic_energy_j}};
+            j["screening"]["confirmed"].push_back(cj);
+          }
+        }
+        j["cost_estimate"] = cost.to_json();
         if (flags.backend == "emulator") j["power_model"] = power_model_json(w.gpu());
         std::cout << j.dump(2) << "\n";
         return 0;
@@ -193,6 +233,13 @@ void register_search(CLI::App& app, Action& action) {
           "({} on the measured front)\n",
           p.key, r.evaluations, space.size(), r.strategy, r.resumed, front.size(),
           measured_front.size());
+      if (screen) {
+        std::cout << fmt::format(
+            "screened with {:g} s windows, {} re-measured with {:g} s windows; the "
+            "recommendation is from those\n",
+            so.window_s, screened.confirmed.size(), so.full_window_s);
+      }
+      std::cout << "profiling cost on real GPUs: " << cost.describe() << "\n";
       // With mbo's smoothed selection the estimates (what the planner composes) come first.
       const bool est = !r.estimates.empty();
       const std::string prefix = est ? "est. " : "";
