@@ -193,6 +193,24 @@ def table(scores, strategies, pairs, classes, timing):
     return "\n".join(lines)
 
 
+def beats(scores, peers, pairs, classes):
+    """(class, budget) cells where a peer's mean exceeds mbo's, with the margin."""
+    out = []
+    by_class = {}
+    for label, seed in pairs:
+        by_class.setdefault(classes[label], []).append((label, seed))
+    by_class["all"] = list(pairs)
+    for cls in sorted(by_class):
+        for b in BUDGETS:
+            def mean(s):
+                v = [scores[s][label][str(b)][seed - 1] for label, seed in by_class[cls]]
+                return sum(v) / len(v)
+            for p in peers:
+                if mean(p) > mean("mbo"):
+                    out.append(f"{NAMES[p]} {cls} @{b} +{mean(p) - mean('mbo'):.4f}")
+    return out
+
+
 def run(a, dumps, classes):
     import torch
 
@@ -242,17 +260,22 @@ def tables(a, dumps, classes):
         for s in ("mbo", "random"):
             scores[s][label] = {str(b): cpp[label][s][str(b)]["truth"] for b in BUDGETS}
     timing, pairs_of, opts = {}, {}, {}
+    merged, merged_runs = {}, {}  # a peer's runs may be split over several files
     for f in a.out.split(","):
         d = json.loads(Path(f).read_text())
         for peer, by_label in d["scores"].items():
-            nseeds = max(int(s) for v in by_label.values() for s in v)
-            scores[peer] = {lab: {str(b): [v.get(str(s), {}).get(str(b)) for s in
-                                           range(1, nseeds + 1)] for b in BUDGETS}
-                            for lab, v in by_label.items()}
-            timing[peer] = {lab: [d["runs"][peer][lab].get(str(s), {}).get("wall_s") for s in
-                                  range(1, nseeds + 1)] for lab in by_label}
-            pairs_of[peer] = sorted((lab, int(s)) for lab, v in by_label.items() for s in v)
-            opts[peer] = (d["options"], d["runs"][peer])
+            for lab, v in by_label.items():
+                merged.setdefault(peer, {}).setdefault(lab, {}).update(v)
+                merged_runs.setdefault(peer, {}).setdefault(lab, {}).update(d["runs"][peer][lab])
+    for peer, by_label in merged.items():
+        nseeds = max(int(s) for v in by_label.values() for s in v)
+        scores[peer] = {lab: {str(b): [v.get(str(s), {}).get(str(b)) for s in
+                                       range(1, nseeds + 1)] for b in BUDGETS}
+                        for lab, v in by_label.items()}
+        timing[peer] = {lab: [merged_runs[peer][lab].get(str(s), {}).get("wall_s") for s in
+                              range(1, nseeds + 1)] for lab in by_label}
+        pairs_of[peer] = sorted((lab, int(s)) for lab, v in by_label.items() for s in v)
+        opts[peer] = (None, merged_runs[peer])
     md = []
     groups = {}
     for peer, pairs in pairs_of.items():
@@ -265,6 +288,8 @@ def tables(a, dumps, classes):
                   "at 224 (mean): " + ", ".join(
                       f"{NAMES[p]} {sum(v) / len(v):.1f}" for p, v in distinct.items()) + "\n")
         md.append(table(scores, ["mbo", "random"] + peers, list(pairs), classes, timing) + "\n")
+        md.append("Cells where a peer's mean is above mbo's: " +
+                  (", ".join(beats(scores, peers, list(pairs), classes)) or "none") + "\n")
     Path(a.table).write_text("\n".join(md))
     print("\n".join(md))
 
