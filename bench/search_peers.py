@@ -279,9 +279,13 @@ def tables(a, dumps, classes):
     md = []
     groups = {}
     for peer, pairs in pairs_of.items():
-        groups.setdefault(tuple(pairs), []).append(peer)
+        if not a.pairs_of or peer == a.pairs_of:
+            groups.setdefault(tuple(pairs), []).append(peer)
     for pairs, peers in groups.items():
-        distinct = {p: [r["distinct"] for v in opts[p][1].values() for r in v.values()]
+        # Every other peer that ran all of these (partition, seed) pairs joins the table.
+        peers += [p for p in pairs_of if p not in peers and set(pairs) <= set(pairs_of[p])]
+        peers.sort(key=list(NAMES).index)
+        distinct = {p: [opts[p][1][lab][str(seed)]["distinct"] for lab, seed in pairs]
                     for p in peers}
         md.append(f"{', '.join(NAMES[p] for p in peers)}: {len({p for p, _ in pairs})} "
                   f"partitions, {len(pairs)} (partition, seed) runs; distinct points measured "
@@ -302,6 +306,8 @@ def main():
     ap.add_argument("--peers", default="", help="run these: nsga2,tpe,qnehvi")
     ap.add_argument("--cpp-json", help="search_efficiency --json output (for --table)")
     ap.add_argument("--table", help="write the markdown tables of the --out files here")
+    ap.add_argument("--pairs-of", default="",
+                    help="with --table: one table, on this peer's (partition, seed) runs")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--per-class", type=int, default=0,
                     help="partitions per class, the first by name (0: all)")
