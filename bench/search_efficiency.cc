@@ -2,18 +2,25 @@
 // of the 14 paper workloads and every seed s, the emulator with its default noise (energy 1%,
 // time 0.1%: an H200's repeatability) and noise seed s is the measuring profiler and the emulator
 // without noise is the oracle. Each strategy runs once with the largest budget; budgets
-// 56/112/168/224 are prefixes of that run (random search's order and mbo's schedule do not depend
-// on the budget, see SearchOptions). At each budget the configurations the strategy recommends from
-// its measured prefix (mbo: select_front; random: the measured Pareto set) are evaluated
-// noise-free, and the hypervolume of those true values is divided by that of the true exhaustive
-// front. Objectives are min-max scaled by the true values of the whole space, reference point 1.1
-// in each scaled objective. The old score (measured points against the noisy exhaustive front) is
-// kept as a second number. The exhaustive search (every point measured once) is scored twice: its
-// measured front, and what mbo's selection recommends from it; where the latter misses the target,
-// the target asks for more than single measurements of every point tell.
+// 28/56/112/168/224 are prefixes of that run (random search's order and mbo's schedule do not
+// depend on the budget, see SearchOptions; 28 is mbo's initial design). At each budget the
+// configurations the strategy recommends from its measured prefix (mbo: select_front; random: the
+// measured Pareto set) are evaluated noise-free, and the hypervolume of those true values is
+// divided by that of the true exhaustive front. Objectives are min-max scaled by the true values of
+// the whole space, reference point 1.1 in each scaled objective. The old score (measured points
+// against the noisy exhaustive front) is kept as a second number. The exhaustive search (every
+// point measured once) is scored twice: its measured front, and what mbo's selection recommends
+// from it; where the latter misses the target, the target asks for more than single measurements of
+// every point tell.
+//
+// --dump-spaces DIR writes one JSON per partition for bench/search_peers.py (Optuna, BoTorch):
+// the space, the true (time_s, energy_j) of every configuration and, per seed, the noisy
+// measurement each would get. The emulator's noise is a pure function of (seed, partition,
+// configuration), so these are exactly the values mbo and random see. Random search's order per
+// seed is included, so that the Python scorer can be checked against this one.
 //
 // Usage: search_efficiency [--seeds N] [--threads N] [--filter SUBSTRING[,SUBSTRING...]]
-//          [--json FILE] [--jsonl FILE] [--noise X] [--time-noise X]
+//          [--json FILE] [--jsonl FILE] [--dump-spaces DIR] [--noise X] [--time-noise X]
 //          [--selection smoothed|measured]
 //          [--smooth-random]
 //          [--surrogate additive|trees] [--noise-rel X]
@@ -27,6 +34,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -40,7 +48,7 @@
 
 namespace {
 
-const std::vector<int> kBudgets = {56, 112, 168, 224};
+const std::vector<int> kBudgets = {28, 56, 112, 168, 224};
 
 struct Job {
   std::string workload;
@@ -84,6 +92,16 @@ std::string key(const kareus::PartitionConfig& c) {
   return fmt::format("{}|{}|{}", c.freq_mhz, c.sms, c.slot);
 }
 
+// A file name from a partition label ("llama...:fwd_mlp"): anything but [A-Za-z0-9._-] -> '_'.
+std::string file_stem(const std::string& label) {
+  std::string out = label;
+  for (char& ch : out) {
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '-' && ch != '_')
+      ch = '_';
+  }
+  return out;
+}
+
 // The emulator as the benchmark's profiler: `noise` on energy, `time_noise` on time (0 both: the
 // oracle).
 kareus::ProfilerOptions emulator_options(const std::string& gpu, double noise, double time_noise,
@@ -104,6 +122,7 @@ int main(int argc, char** argv) {
   double time_noise = -1;  // -1: kTimeNoiseShare x noise, as the emulator
   bool smooth_random = false;
   std::string filter, json_path, jsonl_path;  // jsonl: one line per partition as it finishes
+  std::string dump_dir;
   kareus::SearchOptions base;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -118,6 +137,8 @@ int main(int argc, char** argv) {
       json_path = next();
     else if (a == "--jsonl")
       jsonl_path = next();
+    else if (a == "--dump-spaces")
+      dump_dir = next();
     else if (a == "--noise")
       noise = std::stod(next());
     else if (a == "--time-noise")
@@ -153,7 +174,8 @@ int main(int argc, char** argv) {
     else {
       fmt::print(stderr,
                  "usage: search_efficiency [--seeds N] [--threads N] [--filter S] [--json F] "
-                 "[--noise X] [--time-noise X] [--selection smoothed|measured] [--smooth-random] "
+                 "[--jsonl F] [--dump-spaces DIR] [--noise X] [--time-noise X] [--selection "
+                 "smoothed|measured] [--smooth-random] "
                  "[--surrogate additive|trees] [--noise-rel X] "
                  "[--initial-design random|lhs] [--initial-points N] [--batch-size N] "
                  "[--measurement-weight W] [--smoothing-min-points N] [--stop-threshold X] "
@@ -200,9 +222,10 @@ int main(int argc, char** argv) {
   }
   const std::vector<std::string> strategies = {"mbo", "random"};
   fmt::print(stderr,
-             "{} distinct partitions, {} seeds, budgets 56/112/168/224 (prefixes of one run), "
+             "{} distinct partitions, {} seeds, budgets {} (prefixes of one run), "
              "noise {} (time {})\n",
-             jobs.size(), seeds, noise, time_noise);
+             jobs.size(), seeds, fmt::join(kBudgets, "/"), noise, time_noise);
+  if (!dump_dir.empty()) std::filesystem::create_directories(dump_dir);
   std::vector<JobResult> results(jobs.size());
   std::atomic<std::size_t> next{0}, done{0};
   std::mutex print_mu;
@@ -235,6 +258,27 @@ int main(int argc, char** argv) {
         for (std::size_t i : idx) q.push_back(truth.at(key(pts[i].config)));
         return kareus::normalized_hypervolume(q, lo, hi) / hv_true;
       };
+      // The peers' oracle (--dump-spaces): the space in SearchSpace::configs() order.
+      nlohmann::json dump;
+      const auto configs = space.configs();
+      std::map<std::string, std::size_t> index_of;
+      if (!dump_dir.empty()) {
+        dump = {{"partition", r.label},
+                {"class", r.cls},
+                {"workload", job.workload},
+                {"gpu", job.gpu},
+                {"noise", noise},
+                {"time_noise", time_noise},
+                {"space",
+                 {{"freqs_mhz", space.freqs_mhz}, {"sms", space.sms}, {"slots", space.slots}}}};
+        for (std::size_t i = 0; i < configs.size(); ++i) {
+          const auto& c = configs[i];
+          index_of[key(c)] = i;
+          const auto& q = truth.at(key(c));
+          dump["configs"].push_back({c.freq_mhz, c.sms, c.slot});
+          dump["true"].push_back({q.x, q.y});
+        }
+      }
       for (int seed = 1; seed <= seeds; ++seed) {
         kareus::EmulatorProfiler prof(
             emulator_options(job.gpu, noise, time_noise, static_cast<std::uint64_t>(seed)));
@@ -254,6 +298,13 @@ int main(int argc, char** argv) {
           nhi = {std::max(nhi.x, p.m.time_s), std::max(nhi.y, p.m.energy_j)};
         }
         const double hv_noisy = kareus::normalized_hypervolume(all_noisy, nlo, nhi);
+        nlohmann::json seed_dump;
+        if (!dump_dir.empty()) {
+          std::vector<std::vector<double>> measured(configs.size());
+          for (const auto& p : ex.points)
+            measured[index_of.at(key(p.config))] = {p.m.time_s, p.m.energy_j};
+          seed_dump["measured"] = measured;
+        }
         for (const auto& strat : strategies) {
           o.budget = kBudgets.back();
           const double cpu0 = thread_cpu_s();
@@ -262,6 +313,11 @@ int main(int argc, char** argv) {
           if (strat == "mbo") {
             r.surrogate_s.push_back(res.surrogate_seconds);
             r.cpu_s.push_back(thread_cpu_s() - cpu0);
+          }
+          if (!dump_dir.empty()) {
+            std::vector<std::size_t> order;
+            for (const auto& p : res.points) order.push_back(index_of.at(key(p.config)));
+            seed_dump[strat + "_order"] = order;
           }
           for (int b : kBudgets) {
             const std::size_t n =
@@ -286,6 +342,11 @@ int main(int argc, char** argv) {
             c.used.v.push_back(static_cast<double>(n));
           }
         }
+        if (!dump_dir.empty()) dump["seeds"][std::to_string(seed)] = seed_dump;
+      }
+      if (!dump_dir.empty()) {
+        std::ofstream(std::filesystem::path(dump_dir) / (file_stem(r.label) + ".json"))
+            << dump.dump() << "\n";
       }
       std::lock_guard<std::mutex> lock(print_mu);
       if (!jsonl_path.empty()) {
@@ -333,10 +394,13 @@ int main(int argc, char** argv) {
     }
     return out;
   };
+  std::string rule;
+  for (std::size_t i = 0; i < kBudgets.size(); ++i) rule += " --- |";
   fmt::print(
       "Truth-scored hypervolume fraction, mean over partitions x seeds (worst single run)\n\n"
-      "| class | partitions | strategy | 56 | 112 | 168 | 224 | noisy score 224 |\n"
-      "| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+      "| class | partitions | strategy | {} | noisy score 224 |\n"
+      "| --- | --- | --- |{} --- |\n",
+      fmt::join(kBudgets, " | "), rule);
   std::vector<const JobResult*> every;
   for (const auto& r : results) every.push_back(&r);
   classes["all"] = every;
