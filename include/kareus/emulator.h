@@ -131,7 +131,8 @@ class EmulatorProfiler : public Profiler {
   Measurement finish(double time_s, double dyn_j, const std::string& noise_key);
   EmulatorModel model_;
   ProfilerOptions opt_;
-  NoiseRel noise_;  ///< resolved: time_noise -1 is kTimeNoiseShare x noise
+  NoiseRel noise_;          ///< resolved: time_noise -1 is kTimeNoiseShare x noise, at the window
+  std::string window_tag_;  ///< ":window_s=X" away from kReferenceWindowS, else empty
 };
 
 // ---- Whole-iteration simulation.

@@ -56,15 +56,15 @@ EmulatorProfiler::EmulatorProfiler(const ProfilerOptions& o, EmulatorParams para
   // --noise is the repeatability of a reference-window measurement; a shorter window is
   // noisier. The fingerprint carries the scaled noise, so the store keeps the two apart.
   noise_ = noise_at_window(noise_, o.window_s);
+  // The reference window adds nothing, so stores profiled before windows mattered stay valid;
+  // another window is another measurement, in the store and in its noise draw.
+  if (o.window_s != kReferenceWindowS) window_tag_ = fmt::format(":window_s={}", o.window_s);
 }
 
 std::string EmulatorProfiler::fingerprint() const {
-  // The reference window adds nothing, so stores profiled before windows mattered stay valid.
   return fmt::format("emulator:{:016x}:noise={}:time_noise={}:seed={}{}",
                      fnv1a(model_.params().to_string()), noise_.energy, noise_.time, opt_.seed,
-                     opt_.window_s == kReferenceWindowS
-                         ? std::string()
-                         : fmt::format(":window_s={}", opt_.window_s));
+                     window_tag_);
 }
 
 Measurement EmulatorProfiler::finish(double time_s, double dyn_j, const std::string& noise_key) {
@@ -72,11 +72,7 @@ Measurement EmulatorProfiler::finish(double time_s, double dyn_j, const std::str
   const double ps = model_.gpu().static_power_w;
   double energy = dyn_j + ps * time_s;
   if (noise_.time > 0 || noise_.energy > 0) {
-    // Another window is another measurement: its draw must not repeat the reference one's.
-    const auto [z1, z2] =
-        normals(opt_.seed, opt_.window_s == kReferenceWindowS
-                               ? noise_key
-                               : fmt::format("{}|window={}", noise_key, opt_.window_s));
+    const auto [z1, z2] = normals(opt_.seed, noise_key + window_tag_);
     time_s *= std::max(0.5, 1.0 + noise_.time * z1);
     energy *= std::max(0.5, 1.0 + noise_.energy * z2);
   }

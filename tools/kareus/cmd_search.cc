@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "cli_util.h"
 #include "commands.h"
@@ -154,7 +155,7 @@ void register_search(CLI::App& app, Action& action) {
           ScreeningSession sc = open_screening(flags, w, session, so);
           screened =
               screened_search(*strat, p, space, *sc.cached, *session.cached, opt, so, progress);
-          r = screened.result;
+          r = std::move(screened.result);
         } else {
           r = strat->run(p, space, *session.cached, opt, progress);
         }

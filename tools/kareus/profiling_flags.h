@@ -71,8 +71,10 @@ inline void add_profiling_flags(CLI::App* cmd, ProfilingFlags& f) {
                   "cuda: CUDA device indices of the partition's group, e.g. 0,1,2,3 (default: all)")
       ->delimiter(',')
       ->check(integer_in(0, kMaxCudaDeviceIndex, "device index"));
-  cmd->add_option("--window-s", f.window_s, "measurement window per point (s); the emulator's noise follows it (--noise is the 5 s "
-                  "figure)")
+  cmd->add_option(
+         "--window-s", f.window_s,
+         "measurement window per point (s); the emulator's noise follows it (--noise is the 5 s "
+         "figure)")
       ->capture_default_str()
       ->check(finite_in(0, true, 3600, "seconds"));
   cmd->add_option("--cooldown-s", f.cooldown_s, "cuda: cool-down after each point (s)")
@@ -191,13 +193,13 @@ inline void add_screening_flags(CLI::App* cmd, ScreeningFlags& f) {
 /// inconsistent.
 inline ScreeningOptions screening_options(const ScreeningFlags& f, const ProfilingFlags& profiling,
                                           bool ask_mode) {
+  if (!(f.cooldown_s >= 0 || f.cooldown_s == -1)) {
+    throw InvalidInput(fmt::format("--screen-cooldown-s must be >= 0 or -1, got {}", f.cooldown_s));
+  }
   ScreeningOptions o = f.options;
   o.window_s = f.window_s;
   o.cooldown_s = f.cooldown_s < 0 ? f.window_s : f.cooldown_s;
   o.full_window_s = profiling.window_s;
-  if (!(f.cooldown_s >= 0 || f.cooldown_s == -1)) {
-    throw InvalidInput(fmt::format("--screen-cooldown-s must be >= 0 or -1, got {}", f.cooldown_s));
-  }
   if (f.window_s >= profiling.window_s) {
     throw InvalidInput(fmt::format(
         "--screen-window-s {} must be shorter than --window-s {}: screening is the cheap pass",
