@@ -135,9 +135,12 @@ nlohmann::json power_model_json(const GpuSpec& gpu);
 std::vector<FrontierRef> merge_with_fallbacks(const std::map<Method, MethodFrontier>& f);
 
 /// Runs the whole pipeline and every baseline for one workload.
+/// With `screen`, the partition searches screen through it (Planner, PlannerOptions::screening)
+/// and the profiling cost counts both windows.
 WorkloadEvaluation evaluate_workload(const Workload& w, CachedProfiler& profiler,
                                      const PlannerOptions& o, const PlannerProgress& progress = {},
-                                     bool collect_frontier_plans = false);
+                                     bool collect_frontier_plans = false,
+                                     CachedProfiler* screen = nullptr);
 
 nlohmann::json to_json(const WorkloadEvaluation& e, bool with_plans);
 

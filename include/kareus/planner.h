@@ -16,6 +16,7 @@
 #include "kareus/frontier.h"
 #include "kareus/plan.h"
 #include "kareus/plan_check.h"
+#include "kareus/screening.h"
 #include "kareus/search.h"
 #include "kareus/store.h"
 
@@ -86,6 +87,10 @@ struct PlannerOptions {
   /// Memory the frontier of one method may take (MiB): the DAG, the instruction options and
   /// one choice per solver step. Checked before the solver runs (InvalidInput naming the limit).
   double frontier_memory_mb = 4096;
+  /// Multi-fidelity search (screening.h), used when the Planner is given a screening profiler:
+  /// every partition search screens with that profiler's short window and confirms near the
+  /// front with the full one. Baselines, segments and clock coverage use the full window.
+  ScreeningOptions screening;
 };
 
 /// Progress of the pipeline: (stage name, done, total).
@@ -97,6 +102,10 @@ struct PartitionSearchSummary {
   int evaluations = 0;
   int resumed = 0;
   int coverage_points = 0;  ///< extra measurements so that every clock has an option
+  /// With screening: the search's points were screened (evaluations of them) and this many
+  /// were re-measured with the full window.
+  bool screened = false;
+  int confirmed = 0;
 };
 
 /// Time and dynamic energy of a segment that runs once (a message between stages, a
@@ -213,8 +222,10 @@ Plan materialize_plan(const Workload& w, const PartitionSet& ps, const std::stri
 
 class Planner {
  public:
+  /// With `screen` (a profiler of the same backend and store at o.screening.window_s), the
+  /// partition searches screen through it (see PlannerOptions::screening).
   Planner(const Workload& w, CachedProfiler& profiler, PlannerOptions o,
-          PlannerProgress progress = {});
+          PlannerProgress progress = {}, CachedProfiler* screen = nullptr);
 
   /// Stage 2: searches every distinct partition (once; later calls reuse the result).
   const std::vector<PartitionSearchSummary>& search_partitions();
@@ -229,8 +240,11 @@ class Planner {
 
   const Workload& workload() const { return w_; }
   const PartitionSet& partitions() const { return ps_; }
+  /// Full-window measurements (new, and served by the store).
   int measurements() const { return profiler_.measured(); }
   int reused() const { return profiler_.reused(); }
+  /// Screening measurements (new and from the store); 0 without screening.
+  int screen_measurements() const { return screen_ ? screen_->measured() + screen_->reused() : 0; }
 
  private:
   std::vector<InstructionOption> instruction_options(Method m, int stage, InstructionKind k,
@@ -257,6 +271,7 @@ class Planner {
   std::string digest_;  ///< workload_digest(w_, ps_), shared by every plan
   std::optional<PartitionSet> seq_ps_;
   CachedProfiler& profiler_;
+  CachedProfiler* screen_ = nullptr;
   PlannerOptions o_;
   PlannerProgress progress_;
   std::vector<int> freqs_;

@@ -281,13 +281,13 @@ nlohmann::json frontier_plans_json(const Frontiers& f, const std::vector<Ref>& m
 
 WorkloadEvaluation evaluate_workload(const Workload& w, CachedProfiler& profiler,
                                      const PlannerOptions& o, const PlannerProgress& progress,
-                                     bool collect_frontier_plans) {
+                                     bool collect_frontier_plans, CachedProfiler* screen) {
   const auto t0 = std::chrono::steady_clock::now();
   WorkloadEvaluation e;
   e.workload = w.name;
   e.gpus = w.cluster.gpus();
   e.job = job_shape(w);
-  Planner planner(w, profiler, o, progress);
+  Planner planner(w, profiler, o, progress, screen);
   e.searches = planner.search_partitions();
   const Frontiers f = method_frontiers(w, planner);
   throw_if_interrupted();  // the replays below report no progress
@@ -315,9 +315,13 @@ WorkloadEvaluation evaluate_workload(const Workload& w, CachedProfiler& profiler
   if (collect_frontier_plans) e.frontier_plans = frontier_plans_json(f, merged);
   e.measured = planner.measurements();
   e.reused = planner.reused();
-  e.profiling_cost = estimate_profiling_cost(
-      static_cast<std::size_t>(e.measured) + static_cast<std::size_t>(e.reused),
-      w.cluster.gpus_per_node);
+  const auto full_points =
+      static_cast<std::size_t>(e.measured) + static_cast<std::size_t>(e.reused);
+  e.profiling_cost =
+      screen ? estimate_profiling_cost(full_points, w.cluster.gpus_per_node,
+                                       static_cast<std::size_t>(planner.screen_measurements()),
+                                       o.screening.window_s, o.screening.cooldown_s)
+             : estimate_profiling_cost(full_points, w.cluster.gpus_per_node);
   e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return e;
 }
@@ -365,10 +369,12 @@ nlohmann::json profiling_json(const WorkloadEvaluation& e) {
                       {"reused", e.reused},
                       {"cost_estimate", e.profiling_cost.to_json()}};
   for (const auto& s : e.searches) {
-    j["partitions"].push_back({{"key", s.key},
-                               {"space", s.space},
-                               {"evaluations", s.evaluations},
-                               {"coverage_points", s.coverage_points}});
+    nlohmann::json pj = {{"key", s.key},
+                         {"space", s.space},
+                         {"evaluations", s.evaluations},
+                         {"coverage_points", s.coverage_points}};
+    if (s.screened) pj["confirmed"] = s.confirmed;  // evaluations were screening measurements
+    j["partitions"].push_back(std::move(pj));
   }
   return j;
 }

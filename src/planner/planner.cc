@@ -78,11 +78,12 @@ Method method_from_string(const std::string& name) {
 }
 
 Planner::Planner(const Workload& w, CachedProfiler& profiler, PlannerOptions o,
-                 PlannerProgress progress)
+                 PlannerProgress progress, CachedProfiler* screen)
     : w_(w),
       ps_(partition_workload(w)),
       digest_(workload_digest(w_, ps_)),
       profiler_(profiler),
+      screen_(screen),
       o_(std::move(o)),
       progress_(std::move(progress)) {
   freqs_ = o_.freqs_mhz.empty() ? w_.gpu().candidate_freqs_mhz() : o_.freqs_mhz;
@@ -163,11 +164,22 @@ const std::vector<PartitionSearchSummary>& Planner::search_partitions() {
   std::size_t done_before = 0;
   for (std::size_t i = 0; i < ps_.partitions.size(); ++i) {
     const Partition& p = ps_.partitions[i];
-    const SearchResult r = strategy->run(p, spaces[i], profiler_, o_.search, [&](int done, int) {
+    const SearchProgress on_point = [&](int done, int) {
       if (progress_) progress_("search", done_before + static_cast<std::size_t>(done), total);
-    });
+    };
+    SearchResult r;
+    int confirmed = 0;
+    if (screen_) {
+      ScreenedSearch sc = screened_search(*strategy, p, spaces[i], *screen_, profiler_, o_.search,
+                                          o_.screening, on_point);
+      confirmed = static_cast<int>(sc.confirmed.size());
+      r = std::move(sc.result);
+    } else {
+      r = strategy->run(p, spaces[i], profiler_, o_.search, on_point);
+    }
     done_before += static_cast<std::size_t>(r.evaluations);
-    PartitionSearchSummary s{p.key, spaces[i].size(), r.evaluations, r.resumed, 0};
+    PartitionSearchSummary s{p.key, spaces[i].size(),   r.evaluations, r.resumed,
+                             0,     screen_ != nullptr, confirmed};
     PartitionFronts fronts;
     for (const auto& [f, idx] : r.fronts_per_frequency()) {
       for (std::size_t k : idx) {
@@ -416,7 +428,7 @@ MethodFrontier Planner::frontier(Method m) {
     if (!uniform_planner_) {
       PlannerOptions uniform_o = o_;
       uniform_o.per_layer = false;
-      uniform_planner_ = std::make_shared<Planner>(w_, profiler_, uniform_o, progress_);
+      uniform_planner_ = std::make_shared<Planner>(w_, profiler_, uniform_o, progress_, screen_);
       uniform_planner_->searched_fronts_ = searched_fronts_;
       uniform_planner_->summaries_ = summaries_;
       uniform_planner_->searched_ = searched_;

@@ -558,5 +558,51 @@ TEST(Plan, BackendWithoutClockControlPlansAtItsObservedClock) {
   EXPECT_THROW(Planner(w, cp, other), InvalidInput);
 }
 
+// Multi-fidelity planning: every point a partition search picks is measured through the
+// screening profiler (2 s windows), only the confirmations (at most a quarter, screening.h) and
+// the baselines' clock sweeps through the full one, and the profiling cost counts both passes.
+TEST(Plan, ScreenedPlanningMeasuresTheSearchWithTheShortWindow) {
+  const Workload w = load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096"));
+  PlannerOptions o;
+  o.search.budget = 56;
+  o.screening.window_s = 2;
+  o.screening.cooldown_s = 2;
+  // Without screening: the search points plus everything else the pipeline measures.
+  EmulatorProfiler plain_backend(test::emulator_options(w.gpu_name));
+  CachedProfiler plain(plain_backend, nullptr);
+  const WorkloadEvaluation unscreened = evaluate_workload(w, plain, o);
+  int searched = 0;
+  for (const auto& s : unscreened.searches) searched += s.evaluations;
+  const int others = plain.measured() - searched;  // baselines, segments, clock coverage
+  ASSERT_GT(others, 0);
+
+  EmulatorProfiler full_backend(test::emulator_options(w.gpu_name));
+  ProfilerOptions so = test::emulator_options(w.gpu_name);
+  so.window_s = 2;
+  so.cooldown_s = 2;
+  EmulatorProfiler screen_backend(so);
+  CachedProfiler full(full_backend, nullptr), screen(screen_backend, nullptr);
+  const WorkloadEvaluation e = evaluate_workload(w, full, o, {}, false, &screen);
+  int confirmed = 0, screened = 0;
+  for (const auto& s : e.searches) {
+    EXPECT_TRUE(s.screened);
+    EXPECT_EQ(s.evaluations, 56) << s.key;
+    EXPECT_GE(s.confirmed, 1) << s.key;
+    EXPECT_LE(s.confirmed, 14) << s.key;  // ceil(0.25 x 56)
+    confirmed += s.confirmed;
+    screened += s.evaluations;
+  }
+  EXPECT_EQ(screen.measured(), screened);
+  // A confirmation may be a configuration a baseline measures anyway (the store serves it once).
+  EXPECT_LE(full.measured(), others + confirmed + 4);  // + a clock-coverage point per partition
+  EXPECT_GE(full.measured(), others - 4);
+  const ProfilingCostEstimate& c = e.profiling_cost;
+  EXPECT_EQ(c.screen_points, static_cast<std::size_t>(screened));
+  EXPECT_EQ(c.points, static_cast<std::size_t>(full.measured()));
+  // By hand: (points x (5 s + 5 s) + screened x (2 s + 2 s)) on one 8-GPU node.
+  EXPECT_NEAR(c.gpu_s(), 8.0 * (10.0 * full.measured() + 4.0 * screened), 1e-6);
+  EXPECT_LT(c.gpu_s(), unscreened.profiling_cost.gpu_s());
+}
+
 }  // namespace
 }  // namespace kareus

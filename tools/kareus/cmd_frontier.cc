@@ -347,9 +347,10 @@ Plan plan_from_frontier(const CLI::App& cmd, const PlanArgs& a, Method method, c
 Plan plan_from_scratch(const PlanArgs& a, Method method, const Goal& goal,
                        std::optional<Workload>& w) {
   w = load_job(a.file);
-  ProfilingSession session = open_profiling(a.flags.profiling, *w);
+  PlannerProfiling session = open_planner_profiling(a.flags, *w);
   PipelineProgress progress(!a.flags.quiet);
-  Planner planner(*w, *session.cached, a.flags.planner, progress.callback());
+  Planner planner(*w, *session.full.cached, session.options, progress.callback(),
+                  session.screen_profiler());
   std::map<Method, MethodFrontier> f;
   if (method == Method::kKareus && !a.no_fallback) {
     for (Method m : {Method::kKareus, Method::kPerseus, Method::kNanobatchPerseus}) {
@@ -394,9 +395,10 @@ void register_frontier(CLI::App& app, Action& action) {
       check_planner_flags(flags);
       if (!dump_dag.empty()) check_output("--dump-dag", dump_dag, OutputKind::kFile);
       const Workload w = load_job(file);
-      ProfilingSession session = open_profiling(flags.profiling, w);
+      PlannerProfiling session = open_planner_profiling(flags, w);
       PipelineProgress progress(!flags.quiet);
-      Planner planner(w, *session.cached, flags.planner, progress.callback());
+      Planner planner(w, *session.full.cached, session.options, progress.callback(),
+                      session.screen_profiler());
       const MethodFrontier f = planner.frontier(m);
       progress.finish();
       if (!dump_dag.empty()) {

@@ -85,11 +85,12 @@ void register_optimize(CLI::App& app, Action& action) {
       check_planner_flags(flags);
       check_output("--out", out, OutputKind::kFolder, kOptimizeOutputs);
       const Workload w = load_job(file);
-      ProfilingSession session = open_profiling(flags.profiling, w);
+      PlannerProfiling session = open_planner_profiling(flags, w);
       const auto dir = make_dir(out);
       PipelineProgress progress(!flags.quiet);
       const WorkloadEvaluation e =
-          evaluate_workload(w, *session.cached, flags.planner, progress.callback(), true);
+          evaluate_workload(w, *session.full.cached, session.options, progress.callback(), true,
+                            session.screen_profiler());
       progress.finish();
       make_dir((dir / "plans").string());
       for (const auto& [name, p] : e.plans)
@@ -179,12 +180,13 @@ std::vector<WorkloadEvaluation> evaluate_all(const std::vector<Workload>& worklo
   auto worker = [&] {
     for (std::size_t i = next++; i < workloads.size(); i = next++) {
       try {
-        ProfilingSession s = open_profiling(a.flags.profiling, workloads[i]);
+        PlannerProfiling s = open_planner_profiling(a.flags, workloads[i]);
         // No display per workload, but every step checks for a stop request (SIGINT/SIGTERM).
         const PlannerProgress poll = [](const std::string&, std::size_t, std::size_t) {
           throw_if_interrupted();
         };
-        results[i] = evaluate_workload(workloads[i], *s.cached, a.flags.planner, poll);
+        results[i] = evaluate_workload(workloads[i], *s.full.cached, s.options, poll, false,
+                                       s.screen_profiler());
       } catch (...) {
         errors[i] = std::current_exception();
       }

@@ -27,6 +27,7 @@ constexpr const char* kPerLayerHelp =
 struct PlannerFlags {
   ProfilingFlags profiling;
   PlannerOptions planner;
+  ScreeningFlags screening;
   bool quiet = false;
 };
 
@@ -58,6 +59,7 @@ inline void add_planner_flags(CLI::App* cmd, PlannerFlags& f) {
       ->check(finite_in(1, false, 1e9, "MiB"));
   cmd->add_flag("--quiet", f.quiet, "no progress display");
   add_profiling_flags(cmd, f.profiling);
+  add_screening_flags(cmd, f.screening);
 }
 
 /// The checks of the planner flags that CLI11 cannot make while parsing; run before anything
@@ -69,6 +71,27 @@ inline void check_planner_flags(const PlannerFlags& f) {
     throw InvalidInput(fmt::format("--strategy {}: {}", f.planner.strategy, e.what()));
   }
   check_profiling_flags(f.profiling);
+  if (f.screening.on()) screening_options(f.screening, f.profiling, false);
+}
+
+/// What the planning pipeline measures with: the full-window session and, with
+/// --screen-window-s, the screening one next to it (same backend and store).
+struct PlannerProfiling {
+  ProfilingSession full;
+  ScreeningSession screen;
+  PlannerOptions options;  ///< the flags' planner options, with the screening options
+  CachedProfiler* screen_profiler() const { return screen.cached.get(); }
+};
+
+inline PlannerProfiling open_planner_profiling(const PlannerFlags& f, const Workload& w) {
+  PlannerProfiling p;
+  p.options = f.planner;
+  p.full = open_profiling(f.profiling, w);
+  if (f.screening.on()) {
+    p.options.screening = screening_options(f.screening, f.profiling, false);
+    p.screen = open_screening(f.profiling, w, p.full, p.options.screening);
+  }
+  return p;
 }
 
 /// Progress of a pipeline run: one bar per stage, on stderr. Each step also checks for a stop

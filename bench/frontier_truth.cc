@@ -1,0 +1,283 @@
+// Frontier-level check of cheap profiles, scored by truth. The search benchmark
+// (search_efficiency) scores each partition's recommended front; what a user runs is one plan
+// composed from every partition's profile, so a small miss on one partition may matter more or
+// less than its hypervolume says. For each paper workload this plans twice:
+//   truth: every configuration measured exactly (exhaustive search, emulator noise 0);
+//   cheap: the profile a user would pay for (mbo at --budget points per partition under the
+//          measured noise, optionally screened with --screen-window-s windows, screening.h),
+// and takes, from each merged Kareus frontier (merge_with_fallbacks, as `kareus optimize`), the
+// iso-time point: the least predicted energy within the deadline, which is the true Perseus
+// fastest iteration time (the same deadline for both). Each chosen plan is replayed by the
+// noise-free whole-iteration emulation, and the cheap plan's true energy is compared with the
+// truth plan's; its true time is checked against the deadline. The profiling cost of each run
+// (GPU-hours on real GPUs, profiling_cost.h) is printed beside today's default (mbo at 224
+// points, 5 s windows, under the same noise), whose plan is scored the same way.
+//
+// Usage: frontier_truth [--budget N] [--seeds N] [--screen-window-s S] [--filter SUB[,SUB]]
+//          [--threads N] [--json FILE]
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "kareus/emulator.h"
+#include "kareus/evaluate.h"
+#include "kareus/frontier_file.h"
+#include "kareus/planner.h"
+#include "kareus/profiling_cost.h"
+#include "kareus/screening.h"
+
+namespace {
+
+struct Scored {
+  double planned_time_s = 0, planned_energy_j = 0;  ///< the planner's prediction
+  double true_time_s = 0, true_energy_j = 0;        ///< the noise-free replay
+  std::string label;                                ///< which method's plan
+  double gpu_hours = 0;                             ///< profiling cost on real GPUs
+  double deadline_s = 0;                            ///< truth run: Perseus's fastest time
+};
+
+struct Profile {
+  int budget = 224;
+  std::string strategy = "mbo";
+  double noise = kareus::kMeasuredNoiseRel.energy;
+  double screen_window_s = 0;
+  std::uint64_t seed = 1;
+};
+
+// Plans `w` from the profile `pr` and scores its iso-time plan for `deadline_s` by truth (a
+// deadline <= 0: Perseus's fastest on this run's own frontier, the truth run's case).
+Scored plan_and_score(const kareus::Workload& w, const Profile& pr, double deadline_s) {
+  using kareus::Method;
+  kareus::ProfilerOptions po;
+  po.gpu = w.gpu_name;
+  po.noise = pr.noise;
+  po.time_noise = pr.noise == 0 ? 0 : -1;
+  po.seed = pr.seed;
+  kareus::EmulatorProfiler full_backend(po);
+  kareus::CachedProfiler full(full_backend, nullptr);
+  kareus::PlannerOptions o;
+  o.strategy = pr.strategy;
+  o.search.budget = pr.budget;
+  o.search.seed = pr.seed;
+  std::unique_ptr<kareus::EmulatorProfiler> screen_backend;
+  std::unique_ptr<kareus::CachedProfiler> screen;
+  if (pr.screen_window_s > 0) {
+    o.screening.window_s = pr.screen_window_s;
+    o.screening.cooldown_s = pr.screen_window_s;
+    kareus::ProfilerOptions so = po;
+    so.window_s = pr.screen_window_s;
+    so.cooldown_s = pr.screen_window_s;
+    screen_backend = std::make_unique<kareus::EmulatorProfiler>(so);
+    screen = std::make_unique<kareus::CachedProfiler>(*screen_backend, nullptr);
+  }
+  kareus::Planner planner(w, full, o, {}, screen.get());
+  std::map<Method, kareus::MethodFrontier> f;
+  for (Method m : {Method::kKareus, Method::kPerseus, Method::kNanobatchPerseus})
+    f[m] = planner.frontier(m);
+  const auto& perseus = f.at(Method::kPerseus).points;
+  Scored s;
+  s.deadline_s = deadline_s > 0 ? deadline_s
+                                : perseus[kareus::max_throughput_index(
+                                              perseus, [](const auto& p) { return p.time_s; },
+                                              [](const auto& p) { return p.energy_j; })]
+                                      .time_s;
+  const std::vector<kareus::FrontierRef> merged = kareus::merge_with_fallbacks(f);
+  const kareus::FrontierRef* best = nullptr;
+  const kareus::FrontierRef* fastest = nullptr;
+  for (const auto& r : merged) {
+    const auto& p = f.at(r.method).points[r.index];
+    if (!fastest || p.time_s < f.at(fastest->method).points[fastest->index].time_s) fastest = &r;
+    if (p.time_s <= s.deadline_s &&
+        (!best || p.energy_j < f.at(best->method).points[best->index].energy_j))
+      best = &r;
+  }
+  if (!best) best = fastest;  // no plan meets the deadline: the fastest one
+  kareus::Plan plan = planner.make_plan(f.at(best->method), best->index, "iso-time");
+  const kareus::EmulatorModel truth(w.gpu());
+  const kareus::IterationResult rep = kareus::emulate_iteration(
+      w, truth, plan.execution,
+      [&plan](int st, kareus::InstructionKind k, int mb) { return plan.settings(st, k, mb); },
+      plan.clock_switch_s);
+  s.planned_time_s = plan.iteration_time_s;
+  s.planned_energy_j = plan.energy_j;
+  s.true_time_s = rep.iteration_time_s;
+  s.true_energy_j = rep.energy_j;
+  s.label = kareus::kareus_plan_label(kareus::to_string(best->method));
+  const auto full_points = static_cast<std::size_t>(full.measured() + full.reused());
+  const kareus::ProfilingCostEstimate cost =
+      screen
+          ? kareus::estimate_profiling_cost(full_points, w.cluster.gpus_per_node,
+                                            static_cast<std::size_t>(planner.screen_measurements()),
+                                            o.screening.window_s, o.screening.cooldown_s)
+          : kareus::estimate_profiling_cost(full_points, w.cluster.gpus_per_node);
+  s.gpu_hours = cost.gpu_hours();
+  return s;
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::size_t a = 0;
+  while (a <= s.size()) {
+    const std::size_t b = std::min(s.find(',', a), s.size());
+    if (b > a) out.push_back(s.substr(a, b - a));
+    a = b + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Profile cheap;
+  cheap.budget = 56;
+  int seeds = 3, threads = 1;
+  std::string filter, json_path;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    if (a == "--budget")
+      cheap.budget = std::stoi(next());
+    else if (a == "--seeds")
+      seeds = std::stoi(next());
+    else if (a == "--screen-window-s")
+      cheap.screen_window_s = std::stod(next());
+    else if (a == "--filter")
+      filter = next();
+    else if (a == "--threads")
+      threads = std::stoi(next());
+    else if (a == "--json")
+      json_path = next();
+    else {
+      fmt::print(stderr,
+                 "usage: frontier_truth [--budget N] [--seeds N] [--screen-window-s S] "
+                 "[--filter SUB[,SUB]] [--threads N] [--json FILE]\n");
+      return 2;
+    }
+  }
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  std::vector<kareus::Workload> workloads;
+  for (const auto& e :
+       std::filesystem::directory_iterator(std::string(KAREUS_SOURCE_DIR) + "/workloads/paper")) {
+    if (e.path().extension() != ".yaml") continue;
+    const std::string name = e.path().stem().string();
+    bool keep = filter.empty();
+    for (const auto& sub : split(filter)) keep = keep || name.find(sub) != std::string::npos;
+    if (keep) workloads.push_back(kareus::load_workload(e.path().string()));
+  }
+  std::sort(workloads.begin(), workloads.end(),
+            [](const auto& x, const auto& y) { return x.name < y.name; });
+
+  struct Row {
+    Scored truth;
+    std::vector<Scored> cheap, today;  // per seed
+  };
+  std::vector<Row> rows(workloads.size());
+  std::atomic<std::size_t> next{0};
+  std::mutex mu;
+  auto worker = [&] {
+    for (std::size_t i = next++; i < workloads.size(); i = next++) {
+      const auto& w = workloads[i];
+      Profile exact;
+      exact.strategy = "exhaustive";
+      exact.noise = 0;
+      Row r;
+      r.truth = plan_and_score(w, exact, 0);
+      for (int s = 1; s <= seeds; ++s) {
+        Profile c = cheap;
+        c.seed = static_cast<std::uint64_t>(s);
+        r.cheap.push_back(plan_and_score(w, c, r.truth.deadline_s));
+        Profile t;
+        t.seed = static_cast<std::uint64_t>(s);
+        r.today.push_back(plan_and_score(w, t, r.truth.deadline_s));
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      double worst = 0;
+      for (const auto& c : r.cheap)
+        worst = std::max(worst, c.true_energy_j / r.truth.true_energy_j);
+      fmt::print(stderr, "{:<36} worst cheap/truth energy {:+.3f}%\n", w.name, 100 * (worst - 1));
+      rows[i] = std::move(r);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(worker);
+  for (auto& t : pool) t.join();
+
+  const std::string cheap_name =
+      cheap.screen_window_s > 0
+          ? fmt::format("mbo {} points screened at {:g} s", cheap.budget, cheap.screen_window_s)
+          : fmt::format("mbo {} points", cheap.budget);
+  fmt::print(
+      "iso-time plans scored by truth: deadline = true Perseus fastest; cheap = {}, today "
+      "= mbo 224 points at 5 s; {} seeds; energy excess over the exhaustive noise-free "
+      "plan (mean, worst), true time over the deadline (worst), GPU-hours\n",
+      cheap_name, seeds);
+  fmt::print("{:<36} {:>9} {:>10} {:>17} {:>10} {:>9} {:>17} {:>10} {:>9}\n", "workload",
+             "deadline", "truth J", "cheap dE mean/max", "cheap dT", "cheap GPUh",
+             "today dE mean/max", "today dT", "today GPUh");
+  double worst_cheap = -1e9, worst_today = -1e9, sum_cheap_h = 0, sum_today_h = 0;
+  nlohmann::json j = nlohmann::json::array();
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    auto stats = [&](const std::vector<Scored>& v, double& worst_e, double& worst_t,
+                     double& hours) {
+      double mean_e = 0;
+      worst_e = -1e9;
+      worst_t = -1e9;
+      hours = 0;
+      for (const auto& s : v) {
+        const double de = s.true_energy_j / r.truth.true_energy_j - 1;
+        mean_e += de / static_cast<double>(v.size());
+        worst_e = std::max(worst_e, de);
+        worst_t = std::max(worst_t, s.true_time_s / r.truth.deadline_s - 1);
+        hours += s.gpu_hours / static_cast<double>(v.size());
+      }
+      return mean_e;
+    };
+    double ce, ct, ch, te, tt, th;
+    const double cm = stats(r.cheap, ce, ct, ch);
+    const double tm = stats(r.today, te, tt, th);
+    worst_cheap = std::max(worst_cheap, ce);
+    worst_today = std::max(worst_today, te);
+    sum_cheap_h += ch;
+    sum_today_h += th;
+    fmt::print(
+        "{:<36} {:>8.3f}s {:>10.1f} {:>+7.3f}%/{:>+7.3f}% {:>+9.3f}% {:>9.2f}  "
+        "{:>+7.3f}%/{:>+7.3f}% {:>+9.3f}% {:>9.2f}\n",
+        workloads[i].name, r.truth.deadline_s, r.truth.true_energy_j, 100 * cm, 100 * ce, 100 * ct,
+        ch, 100 * tm, 100 * te, 100 * tt, th);
+    auto runs = [](const std::vector<Scored>& v) {
+      nlohmann::json a = nlohmann::json::array();
+      for (const auto& s : v)
+        a.push_back({{"true_time_s", s.true_time_s},
+                     {"true_energy_j", s.true_energy_j},
+                     {"planned_time_s", s.planned_time_s},
+                     {"planned_energy_j", s.planned_energy_j},
+                     {"plan", s.label},
+                     {"gpu_hours", s.gpu_hours}});
+      return a;
+    };
+    j.push_back({{"workload", workloads[i].name},
+                 {"deadline_s", r.truth.deadline_s},
+                 {"truth",
+                  {{"true_time_s", r.truth.true_time_s},
+                   {"true_energy_j", r.truth.true_energy_j},
+                   {"plan", r.truth.label}}},
+                 {"cheap", runs(r.cheap)},
+                 {"today", runs(r.today)}});
+  }
+  fmt::print(
+      "worst energy excess: cheap {:+.3f}%, today {:+.3f}%; profiling: cheap {:.1f} "
+      "GPU-hours, today {:.1f} GPU-hours over the {} workloads ({:.1f}% of today)\n",
+      100 * worst_cheap, 100 * worst_today, sum_cheap_h, sum_today_h, rows.size(),
+      100 * sum_cheap_h / sum_today_h);
+  if (!json_path.empty()) std::ofstream(json_path) << j.dump(1) << "\n";
+  return 0;
+}
