@@ -91,6 +91,9 @@ struct PlannerOptions {
   /// every partition search screens with that profiler's short window and confirms near the
   /// front with the full one. Baselines, segments and clock coverage use the full window.
   ScreeningOptions screening;
+  /// After each partition search, measure at every clock the SM count and slot of the
+  /// recommended points at the nearest clocks (Planner::complete_clocks).
+  bool clock_completion = false;
 };
 
 /// Progress of the pipeline: (stage name, done, total).
@@ -106,6 +109,7 @@ struct PartitionSearchSummary {
   /// were re-measured with the full window.
   bool screened = false;
   int confirmed = 0;
+  int completion_points = 0;  ///< measured by PlannerOptions::clock_completion
 };
 
 /// Time and dynamic energy of a segment that runs once (a message between stages, a
@@ -263,6 +267,7 @@ class Planner {
   MethodFrontier frontier_layers(Method m);  ///< uniform, or per-layer with the uniform points
   void apply_clock_switch_cost(MethodFrontier& mf) const;
   PartitionOption segment_cost(const Segment& s, int freq_mhz);
+  int complete_clocks(const Partition& p, const SearchSpace& space, SearchResult& r);
   PartitionConfig baseline_config(const Partition& p, int freq_mhz) const;
   const PartitionSet& sequential_partitions();
 

@@ -374,6 +374,7 @@ nlohmann::json profiling_json(const WorkloadEvaluation& e) {
                          {"evaluations", s.evaluations},
                          {"coverage_points", s.coverage_points}};
     if (s.screened) pj["confirmed"] = s.confirmed;  // evaluations were screening measurements
+    if (s.completion_points > 0) pj["completion_points"] = s.completion_points;
     j["partitions"].push_back(std::move(pj));
   }
   return j;

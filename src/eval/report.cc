@@ -196,7 +196,8 @@ std::string workload_report(const WorkloadEvaluation& e, const std::string& png_
       e.measured + e.reused, e.measured, e.reused, e.profiling_cost.describe());
   s += "| partition | configurations | searched |\n| --- | --- | --- |\n";
   for (const auto& p : e.searches)
-    s += fmt::format("| {} | {} | {} |\n", p.key, p.space, p.evaluations + p.coverage_points);
+    s += fmt::format("| {} | {} | {} |\n", p.key, p.space,
+                     p.evaluations + p.coverage_points + p.completion_points);
   s += "\n## Comparison\n\n```\n" + comparison_table(e) + "```\n\n";
   s += metrics_definitions(e);
   s += metrics_table(e);

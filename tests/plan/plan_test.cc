@@ -10,6 +10,8 @@
 #include <fstream>
 #include <iostream>
 #include <regex>
+#include <set>
+#include <tuple>
 
 #include "kareus/calibrate.h"
 #include "kareus/error.h"
@@ -602,6 +604,48 @@ TEST(Plan, ScreenedPlanningMeasuresTheSearchWithTheShortWindow) {
   // By hand: (points x (5 s + 5 s) + screened x (2 s + 2 s)) on one 8-GPU node.
   EXPECT_NEAR(c.gpu_s(), 8.0 * (10.0 * full.measured() + 4.0 * screened), 1e-6);
   EXPECT_LT(c.gpu_s(), unscreened.profiling_cost.gpu_s());
+}
+
+// Clock completion measures, for every clock, the SM count and slot of the recommended points
+// at the nearest clock at or below and at or above it, where the search has not measured them:
+// the same set recomputed here from a search with the same seed and noise.
+TEST(Plan, ClockCompletionMeasuresTheNeighboursChoicesAtEveryClock) {
+  const Workload w = load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096"));
+  PlannerOptions o;
+  o.search.budget = 56;
+  o.clock_completion = true;
+  EmulatorProfiler backend(test::emulator_options(w.gpu_name));
+  CachedProfiler cp(backend, nullptr);
+  Planner planner(w, cp, o);
+  const auto& summaries = planner.search_partitions();
+  const std::vector<int> freqs = w.gpu().candidate_freqs_mhz();
+  int total = 0;
+  for (std::size_t i = 0; i < planner.partitions().partitions.size(); ++i) {
+    const Partition& p = planner.partitions().partitions[i];
+    EmulatorProfiler b2(test::emulator_options(w.gpu_name));
+    CachedProfiler c2(b2, nullptr);
+    const SearchSpace space = make_search_space(p, w.gpu(), {freqs, {}});
+    const SearchResult r = create_search_strategy("mbo")->run(p, space, c2, o.search, {});
+    std::set<std::tuple<int, int, std::string>> have, extra;
+    for (const auto& pt : r.points)
+      have.insert({pt.config.freq_mhz, pt.config.sms, pt.config.slot});
+    for (int f : freqs) {
+      int below = -1, above = -1;  // indices into r.points
+      for (std::size_t k : r.selected) {
+        const int g = r.points[k].config.freq_mhz;
+        if (g <= f && (below < 0 || g > r.points[below].config.freq_mhz)) below = int(k);
+        if (g >= f && (above < 0 || g < r.points[above].config.freq_mhz)) above = int(k);
+      }
+      for (int k : {below, above}) {
+        if (k < 0) continue;
+        const auto c = std::make_tuple(f, r.points[k].config.sms, r.points[k].config.slot);
+        if (!have.count(c)) extra.insert(c);
+      }
+    }
+    EXPECT_EQ(summaries[i].completion_points, static_cast<int>(extra.size())) << p.key;
+    total += summaries[i].completion_points;
+  }
+  EXPECT_GT(total, 0);
 }
 
 }  // namespace
