@@ -349,7 +349,7 @@ Plan plan_from_scratch(const PlanArgs& a, Method method, const Goal& goal,
   w = load_job(a.file);
   ProfilingSession session = open_profiling(a.flags.profiling, *w);
   PipelineProgress progress(!a.flags.quiet);
-  Planner planner(*w, *session.cached, a.flags.planner, progress.callback());
+  Planner planner(*w, *session.cached, planner_options(a.flags, session), progress.callback());
   std::map<Method, MethodFrontier> f;
   if (method == Method::kKareus && !a.no_fallback) {
     for (Method m : {Method::kKareus, Method::kPerseus, Method::kNanobatchPerseus}) {
@@ -396,7 +396,7 @@ void register_frontier(CLI::App& app, Action& action) {
       const Workload w = load_job(file);
       ProfilingSession session = open_profiling(flags.profiling, w);
       PipelineProgress progress(!flags.quiet);
-      Planner planner(w, *session.cached, flags.planner, progress.callback());
+      Planner planner(w, *session.cached, planner_options(flags, session), progress.callback());
       const MethodFrontier f = planner.frontier(m);
       progress.finish();
       if (!dump_dag.empty()) {

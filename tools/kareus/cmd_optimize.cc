@@ -88,8 +88,8 @@ void register_optimize(CLI::App& app, Action& action) {
       ProfilingSession session = open_profiling(flags.profiling, w);
       const auto dir = make_dir(out);
       PipelineProgress progress(!flags.quiet);
-      const WorkloadEvaluation e =
-          evaluate_workload(w, *session.cached, flags.planner, progress.callback(), true);
+      const WorkloadEvaluation e = evaluate_workload(
+          w, *session.cached, planner_options(flags, session), progress.callback(), true);
       progress.finish();
       make_dir((dir / "plans").string());
       for (const auto& [name, p] : e.plans)
@@ -184,7 +184,7 @@ std::vector<WorkloadEvaluation> evaluate_all(const std::vector<Workload>& worklo
         const PlannerProgress poll = [](const std::string&, std::size_t, std::size_t) {
           throw_if_interrupted();
         };
-        results[i] = evaluate_workload(workloads[i], *s.cached, a.flags.planner, poll);
+        results[i] = evaluate_workload(workloads[i], *s.cached, planner_options(a.flags, s), poll);
       } catch (...) {
         errors[i] = std::current_exception();
       }

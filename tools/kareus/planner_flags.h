@@ -58,6 +58,14 @@ inline void add_planner_flags(CLI::App* cmd, PlannerFlags& f) {
       ->check(finite_in(1, false, 1e9, "MiB"));
   cmd->add_flag("--quiet", f.quiet, "no progress display");
   add_profiling_flags(cmd, f.profiling);
+  add_prior_flags(cmd, f.profiling);
+}
+
+/// The planner options with the session's prior (--warm-start, --prior) in its searches.
+inline PlannerOptions planner_options(const PlannerFlags& f, const ProfilingSession& s) {
+  PlannerOptions o = f.planner;
+  o.search.prior = s.prior;
+  return o;
 }
 
 /// The checks of the planner flags that CLI11 cannot make while parsing; run before anything
