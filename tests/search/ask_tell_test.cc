@@ -127,7 +127,9 @@ TEST(AskTell, LoopThroughTheCliReachesTheDirectFront) {
   EXPECT_EQ(asked.size(), 64u);
   EXPECT_EQ(csv_rows(test::read_file(next)).size(), 1u);  // header only: nothing left to ask
 
-  const auto direct = test::run_cli(search + " --backend emulator --noise-seed 11 --quiet");
+  // A trace gets the emulator prior by default (--prior auto); the direct run asks for it.
+  const auto direct =
+      test::run_cli(search + " --backend emulator --noise-seed 11 --prior emulator --quiet");
   ASSERT_EQ(direct.exit_code, 0) << direct.err;
   const auto a = nlohmann::json::parse(r.out), b = nlohmann::json::parse(direct.out);
   for (const char* list : {"front", "points"}) {
