@@ -9,6 +9,7 @@
 #pragma once
 
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +42,9 @@ struct PriorContext {
   const ProfileStore* store = nullptr;  ///< `store`: the profile store (--db)
   std::string gpu;                      ///< `store`: catalogue name of the GPU searched
   Profiler* exact = nullptr;            ///< `emulator`: a noise-free emulator
+  /// `store`: only points measured before this time (seconds since the epoch) count, so that
+  /// searches running side by side (`eval --jobs`) see the same store whatever their order.
+  double store_snapshot_s = std::numeric_limits<double>::infinity();
 };
 
 using SearchPriorFactory = std::function<std::unique_ptr<SearchPrior>(const PriorContext&)>;

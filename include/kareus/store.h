@@ -7,6 +7,7 @@
 #pragma once
 
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -85,9 +86,11 @@ class ProfileStore {
   void put_shape(const PartitionShape& s);
   std::optional<PartitionShape> shape(const std::string& signature) const;
   /// Every partition of kind `key` measured on `gpu` whose shape is recorded, except the one
-  /// with signature `exclude`: one entry per (signature, backend).
-  std::vector<StoredPartition> related(const std::string& gpu, const std::string& key,
-                                       const std::string& exclude) const;
+  /// with signature `exclude`: one entry per (signature, backend), with the points measured
+  /// before `measured_before_s` (seconds since the epoch, as measured_at).
+  std::vector<StoredPartition> related(
+      const std::string& gpu, const std::string& key, const std::string& exclude,
+      double measured_before_s = std::numeric_limits<double>::infinity()) const;
   const std::string& path() const { return path_; }
 
   static constexpr int kFormatVersion = 1;

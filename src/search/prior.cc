@@ -156,8 +156,10 @@ std::map<std::string, SearchPriorFactory>& prior_registry() {
          if (!c.store) throw InvalidInput("the store prior needs a profile store (--db)");
          const ProfileStore* store = c.store;
          const std::string gpu = c.gpu;
-         return make_store_prior(
-             [store, gpu](const Partition& p) { return store->related(gpu, p.key, p.signature); });
+         const double before = c.store_snapshot_s;
+         return make_store_prior([store, gpu, before](const Partition& p) {
+           return store->related(gpu, p.key, p.signature, before);
+         });
        }},
       {"emulator",
        [](const PriorContext& c) {

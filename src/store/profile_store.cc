@@ -294,18 +294,21 @@ std::optional<PartitionShape> ProfileStore::shape(const std::string& signature) 
 }
 
 std::vector<StoredPartition> ProfileStore::related(const std::string& gpu, const std::string& key,
-                                                   const std::string& exclude) const {
+                                                   const std::string& exclude,
+                                                   double measured_before_s) const {
   // Rare (once per partition searched), so prepared here rather than kept.
   Stmt st = impl_->prepare(
       "SELECT s.signature, s.partition_key, s.compute_flops, s.compute_bytes, "
       "s.collective_bytes, s.group_size, s.slots, m.backend, m.freq_mhz, m.sms, m.slot, "
       "m.time_s, m.energy_j, m.dynamic_energy_j, m.static_energy_j FROM measurements m JOIN "
       "partition_shapes s ON m.signature = s.signature WHERE m.gpu=?1 AND s.partition_key=?2 "
-      "AND m.signature<>?3 ORDER BY s.signature, m.backend, m.freq_mhz, m.sms, m.slot");
+      "AND m.signature<>?3 AND m.measured_at<?4 ORDER BY s.signature, m.backend, m.freq_mhz, "
+      "m.sms, m.slot");
   sqlite3_stmt* s = st.get();
   bind_text(s, 1, gpu);
   bind_text(s, 2, key);
   bind_text(s, 3, exclude);
+  sqlite3_bind_double(s, 4, std::min(measured_before_s, std::numeric_limits<double>::max()));
   std::vector<StoredPartition> out;
   int rc;
   while ((rc = sqlite3_step(s)) == SQLITE_ROW) {

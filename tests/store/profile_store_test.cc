@@ -335,6 +335,9 @@ TEST(ProfileStore, PartitionShapesRoundTripAndRelated) {
   EXPECT_EQ(s.related(prof.gpu().name, "fwd_mlp", "none").size(), 2u);
   EXPECT_TRUE(s.related("h100-sxm", "fwd_mlp", "none").empty());
   EXPECT_EQ(s.related(prof.gpu().name, "fwd_attn", "none").size(), 1u);
+  // A snapshot before anything was measured holds nothing (the CLI's warm start reads the
+  // store as it was when the run began).
+  EXPECT_TRUE(s.related(prof.gpu().name, "fwd_mlp", "none", 1.0).empty());
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdint>
 #include <iostream>
 #include <memory>
@@ -88,6 +89,12 @@ inline void add_profiling_flags(CLI::App* cmd, ProfilingFlags& f) {
                 "distributed profiling under mpirun/srun: rank 0 searches and owns --db, the other "
                 "ranks measure (docs/scale.md)");
 }
+
+/// When this process started (seconds since the epoch): the store prior reads only what the
+/// store held then, so a run's warm starts do not depend on the order in which its searches,
+/// or other processes sharing the store, measure.
+inline const double kRunStartS =
+    std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 
 /// The warm-start flags of the verbs that search (search, frontier, plan, optimize, eval).
 inline void add_prior_flags(CLI::App* cmd, ProfilingFlags& f) {
@@ -183,7 +190,8 @@ inline ProfilingSession open_profiling(const ProfilingFlags& f, const Workload& 
     s.exact = create_profiler("emulator", eo);
     s.prior = create_search_prior("emulator", {nullptr, w.gpu_name, s.exact.get()});
   } else if (f.warm_start == "store" && s.store) {
-    s.prior = create_search_prior("store", {s.store.get(), s.backend->gpu().name, nullptr});
+    s.prior =
+        create_search_prior("store", {s.store.get(), s.backend->gpu().name, nullptr, kRunStartS});
   }
   if (const auto fixed = s.backend->fixed_freq_mhz()) {
     std::cerr << "kareus: clock control is off: backend '" << s.backend->name()
