@@ -419,7 +419,7 @@ int main(int argc, char** argv) {
           const auto res = kareus::create_search_strategy(strat == "mbo-warm" ? "mbo" : strat)
                                ->run(job.partition, space, cp, ro, {});
           if (strat == "mbo-warm") {
-            r.prior_used.push_back(res.prior);
+            r.prior_used.push_back(res.prior + (res.prior_seeded ? "+seeded" : ""));
             r.beta.push_back({res.beta_time, res.beta_dynamic_energy, res.beta_select_time,
                               res.beta_select_energy});
           }

@@ -113,6 +113,9 @@ struct SearchResult {
   PriorPrediction prior_prediction;
   double beta_time = 0, beta_dynamic_energy = 0;
   double beta_select_time = 0, beta_select_energy = 0;
+  /// The second half of the initial design followed the prior's predicted front (the prior
+  /// ranked the first half as measured; see strategies.cc).
+  bool prior_seeded = false;
   /// Indices into points: the Pareto set of the measurements on (time_s, energy_j).
   std::vector<std::size_t> front() const;
   /// For every clock, indices of the Pareto-optimal points on (time_s, dynamic_energy_j) of

@@ -198,7 +198,8 @@ void register_search(CLI::App& app, Action& action) {
                       {"beta_time", r.beta_time},
                       {"beta_dynamic_energy", r.beta_dynamic_energy},
                       {"beta_select_time", r.beta_select_time},
-                      {"beta_select_energy", r.beta_select_energy}};
+                      {"beta_select_energy", r.beta_select_energy},
+                      {"seeded", r.prior_seeded}};
         j["points"] = nlohmann::json::array();
         for (const auto& pt : r.points) j["points"].push_back(search_point_json(pt));
         j["front"] = nlohmann::json::array();
