@@ -77,7 +77,9 @@ struct SearchOptions {
   /// mbo (additive surrogate only): prior knowledge of the partition's response
   /// (kareus/search_prior.h), shared by every partition of a run. Null: a cold start. Its
   /// prediction z enters as log y = beta z + additive model, beta in {0, 1/2, 1} chosen at
-  /// every refit by cross-validation on the partition's own points (choose_prior_weight).
+  /// every refit by cross-validation on the partition's own points (choose_prior_weight). The
+  /// initial design is measured in two halves; the second follows the prior's predicted front
+  /// only where the prior ranked the first as measured (SearchResult::prior_seeded).
   std::shared_ptr<SearchPrior> prior;
 };
 

@@ -18,7 +18,10 @@
 // even when the average choice is poor (Qwen3 1.7B CP `fwd_qkv_ar`: 21 SMs at the `linear`
 // slot is 4.5% faster than 18 or 24 and was never measured in 224 points by the spread-based
 // pass); smoothed selection of the recommended front (select_front); an optional stopping rule
-// on measured hypervolume growth.
+// on measured hypervolume growth; warm starts (kareus/search_prior.h): a prior's prediction z
+// enters the additive model as log y = beta z + effects, beta in {0, 1/2, 1} by cross-
+// validation on the partition's own points (choose_prior_weight), and half the initial design
+// follows the prior's front only after the prior ranked the other half as measured.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
