@@ -19,6 +19,19 @@
 // configuration), so these are exactly the values mbo and random see. Random search's order per
 // seed is included, so that the Python scorer can be checked against this one.
 //
+// Warm starts (--warm, docs/search.md "Warm starts"): a third strategy, mbo-warm, is mbo with a
+// prior (kareus/search_prior.h), scored like the others:
+//   loo         the store prior, trained on the exhaustive noisy measurements (this noise, this
+//               seed) of every partition of the same kind in the OTHER workloads of the suite
+//               (leave one workload out; the partition's own signature is excluded too). The
+//               related set is what ProfileStore::related returns for a store that holds them,
+//               built in memory.
+//   misleading  the same, every related measurement inverted (time, energy and dynamic energy
+//               replaced by their reciprocals): a prior whose shape is the opposite of the truth.
+//   emulator    sim-to-real: the measuring profiler and the oracle are a perturbed emulator
+//               (perturbed_params below), the prior is the default emulator without noise.
+// --max-budget N scores only the budgets up to N (and runs the searches only that far).
+//
 // Usage: search_efficiency [--seeds N] [--threads N] [--filter SUBSTRING[,SUBSTRING...]]
 //          [--json FILE] [--jsonl FILE] [--dump-spaces DIR] [--noise X] [--time-noise X]
 //          [--selection smoothed|measured]
@@ -27,7 +40,7 @@
 //          [--initial-design random|lhs] [--initial-points N] [--batch-size N]
 //          [--measurement-weight W] [--smoothing-min-points N] [--stop-threshold X]
 //          [--stop-patience N] [--clock-smoothing X] [--exploration optimistic|spread]
-//          [--optimism K]
+//          [--optimism K] [--warm none|loo|misleading|emulator] [--max-budget N]
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <time.h>
@@ -48,7 +61,7 @@
 
 namespace {
 
-const std::vector<int> kBudgets = {28, 56, 112, 168, 224};
+std::vector<int> kBudgets = {28, 56, 112, 168, 224};
 
 struct Job {
   std::string workload;
@@ -79,6 +92,8 @@ struct JobResult {
   Stats exhaustive_smoothed;                      // the same points, mbo's selection
   std::vector<double> surrogate_s;                // per mbo run at the largest budget (wall)
   std::vector<double> cpu_s;                      // the same runs' thread CPU time
+  std::vector<std::string> prior_used;            // mbo-warm: the prior per seed ("none": no data)
+  std::vector<std::vector<double>> beta;          // mbo-warm: beta time, dyn, select t, select e
 };
 
 // CPU seconds of the calling thread: on a shared machine wall time measures the neighbours.
@@ -114,6 +129,34 @@ kareus::ProfilerOptions emulator_options(const std::string& gpu, double noise, d
   return o;
 }
 
+// The sim-to-real oracle of --warm emulator: the emulator with its uncertain parameters moved
+// by an assumed uncertainty (docs/emulator.md gives sources, not error bars): the kernel
+// efficiencies by 8-10% (the spread between cuBLAS / FlashAttention figures on A100 and what
+// training steps reach), the fitted collective and overlap terms by 30-40%, per-launch and
+// per-collective latencies by 50-67%, the activity terms of the power model by 40-100% and the
+// HBM clock sensitivity by 67%. Each moves the shape of the response, not only its level.
+kareus::EmulatorParams perturbed_params() {
+  kareus::EmulatorParams p;
+  p.gemm_best_efficiency *= 0.92;
+  p.attn_fwd_best_efficiency *= 0.90;
+  p.attn_bwd_best_efficiency *= 0.90;
+  p.nccl_sms_to_saturate *= 1.3;
+  p.overlap_slowdown *= 1.4;
+  p.hbm_clock_sensitivity = 0.25;
+  p.idle_activity *= 2.0;
+  p.collective_activity *= 1.4;
+  p.launch_overhead_s *= 1.5;
+  p.collective_latency_s = 25e-6;
+  return p;
+}
+
+// Every distinct partition of the suite, with its workload: the pool of --warm loo's store.
+struct PoolEntry {
+  std::string workload;
+  kareus::Partition partition;
+  std::string gpu;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -124,6 +167,8 @@ int main(int argc, char** argv) {
   std::string filter, json_path, jsonl_path;  // jsonl: one line per partition as it finishes
   std::string dump_dir;
   kareus::SearchOptions base;
+  std::string warm = "none";
+  int max_budget = 224;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -171,6 +216,10 @@ int main(int argc, char** argv) {
       base.exploration = next();
     else if (a == "--optimism")
       base.optimism = std::stod(next());
+    else if (a == "--warm")
+      warm = next();
+    else if (a == "--max-budget")
+      max_budget = std::stoi(next());
     else {
       fmt::print(stderr,
                  "usage: search_efficiency [--seeds N] [--threads N] [--filter S] [--json F] "
@@ -180,10 +229,22 @@ int main(int argc, char** argv) {
                  "[--initial-design random|lhs] [--initial-points N] [--batch-size N] "
                  "[--measurement-weight W] [--smoothing-min-points N] [--stop-threshold X] "
                  "[--stop-patience N] [--clock-smoothing X] [--exploration optimistic|spread] "
-                 "[--optimism K]\n");
+                 "[--optimism K] [--warm none|loo|misleading|emulator] [--max-budget N]\n");
       return 2;
     }
   }
+  if (warm != "none" && warm != "loo" && warm != "misleading" && warm != "emulator") {
+    fmt::print(stderr, "--warm '{}': allowed none, loo, misleading, emulator\n", warm);
+    return 2;
+  }
+  std::erase_if(kBudgets, [&](int b) { return b > max_budget; });
+  if (kBudgets.empty()) {
+    fmt::print(stderr, "--max-budget {}: below the smallest budget, 28\n", max_budget);
+    return 2;
+  }
+  const bool emulated_real = warm == "emulator";
+  const kareus::EmulatorParams oracle_params =
+      emulated_real ? perturbed_params() : kareus::EmulatorParams{};
   // The prefixes' selections below see no backend: give them the noise the runs resolve to.
   if (time_noise < 0) time_noise = kareus::noise_with_time_share(noise).time;
   if (base.noise_rel < 0) base.noise_rel = noise;
@@ -197,7 +258,8 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<Job> jobs;
-  std::map<std::string, bool> seen;
+  std::vector<PoolEntry> suite;
+  std::map<std::string, bool> seen, in_pool;
   std::vector<std::string> files;
   for (const auto& e :
        std::filesystem::directory_iterator(std::string(KAREUS_SOURCE_DIR) + "/workloads/paper")) {
@@ -208,6 +270,10 @@ int main(int argc, char** argv) {
     const auto w = kareus::load_workload(f);
     const bool cp = w.name.find("_cp") != std::string::npos;
     for (const auto& p : kareus::partition_workload(w).partitions) {
+      if (!in_pool[p.signature]) {
+        in_pool[p.signature] = true;
+        suite.push_back({w.name, p, w.gpu_name});
+      }
       const std::string label = w.name + ":" + p.key;
       bool match = filter.empty();
       for (std::size_t a = 0, b = 0; !match && a <= filter.size(); a = b + 1) {
@@ -220,7 +286,30 @@ int main(int argc, char** argv) {
       jobs.push_back({w.name, (cp ? "CP " : "TP ") + p.key, p, w.gpu_name});
     }
   }
-  const std::vector<std::string> strategies = {"mbo", "random"};
+  std::vector<std::string> strategies = {"mbo", "random"};
+  if (warm != "none") strategies = {"mbo", "mbo-warm", "random"};
+  // --warm loo / misleading: the exhaustive noisy measurements of a pool partition at one seed,
+  // computed once.
+  std::map<std::pair<std::string, int>, kareus::StoredPartition> stored;
+  std::mutex stored_mu;
+  auto stored_partition = [&](const PoolEntry& e, int seed) {
+    std::lock_guard<std::mutex> lock(stored_mu);
+    const auto k = std::make_pair(e.partition.signature, seed);
+    if (auto it = stored.find(k); it != stored.end()) return it->second;
+    kareus::EmulatorProfiler prof(
+        emulator_options(e.gpu, noise, time_noise, static_cast<std::uint64_t>(seed)));
+    kareus::StoredPartition sp{kareus::partition_shape(e.partition), prof.fingerprint(), {}};
+    for (const auto& c : kareus::make_search_space(e.partition, prof.gpu()).configs()) {
+      kareus::Measurement m = prof.measure(e.partition, c);
+      if (warm == "misleading") {
+        m.time_s = 1 / m.time_s;
+        m.energy_j = 1 / m.energy_j;
+        m.dynamic_energy_j = 1 / m.dynamic_energy_j;
+      }
+      sp.points.emplace_back(c, m);
+    }
+    return stored.emplace(k, std::move(sp)).first->second;
+  };
   fmt::print(stderr,
              "{} distinct partitions, {} seeds, budgets {} (prefixes of one run), "
              "noise {} (time {})\n",
@@ -236,7 +325,8 @@ int main(int argc, char** argv) {
       JobResult& r = results[j];
       r.label = job.workload + ":" + job.partition.key;
       r.cls = job.cls;
-      kareus::EmulatorProfiler oracle(emulator_options(job.gpu, 0.0, 0.0, 1));
+      kareus::EmulatorProfiler oracle(emulator_options(job.gpu, 0.0, 0.0, 1), oracle_params);
+      kareus::EmulatorProfiler exact_default(emulator_options(job.gpu, 0.0, 0.0, 1));
       const auto space = kareus::make_search_space(job.partition, oracle.gpu());
       r.space = space.size();
       // True values of the whole space.
@@ -281,7 +371,8 @@ int main(int argc, char** argv) {
       }
       for (int seed = 1; seed <= seeds; ++seed) {
         kareus::EmulatorProfiler prof(
-            emulator_options(job.gpu, noise, time_noise, static_cast<std::uint64_t>(seed)));
+            emulator_options(job.gpu, noise, time_noise, static_cast<std::uint64_t>(seed)),
+            oracle_params);
         kareus::CachedProfiler cp(prof, nullptr);
         kareus::SearchOptions o = base;
         o.seed = static_cast<std::uint64_t>(seed);
@@ -307,9 +398,31 @@ int main(int argc, char** argv) {
         }
         for (const auto& strat : strategies) {
           o.budget = kBudgets.back();
+          kareus::SearchOptions ro = o;
+          if (strat == "mbo-warm" && emulated_real) {
+            ro.prior = kareus::make_profiler_prior(exact_default);
+          } else if (strat == "mbo-warm") {
+            ro.prior = kareus::make_store_prior(
+                [&](const kareus::Partition& target) {
+                  std::vector<kareus::StoredPartition> out;
+                  for (const auto& e : suite) {
+                    if (e.workload == job.workload || e.partition.key != target.key ||
+                        e.partition.signature == target.signature)
+                      continue;
+                    out.push_back(stored_partition(e, seed));
+                  }
+                  return out;
+                },
+                static_cast<std::uint64_t>(seed));
+          }
           const double cpu0 = thread_cpu_s();
-          const auto res =
-              kareus::create_search_strategy(strat)->run(job.partition, space, cp, o, {});
+          const auto res = kareus::create_search_strategy(strat == "mbo-warm" ? "mbo" : strat)
+                               ->run(job.partition, space, cp, ro, {});
+          if (strat == "mbo-warm") {
+            r.prior_used.push_back(res.prior + (res.prior_seeded ? "+seeded" : ""));
+            r.beta.push_back({res.beta_time, res.beta_dynamic_energy, res.beta_select_time,
+                              res.beta_select_energy});
+          }
           if (strat == "mbo") {
             r.surrogate_s.push_back(res.surrogate_seconds);
             r.cpu_s.push_back(thread_cpu_s() - cpu0);
@@ -324,11 +437,15 @@ int main(int argc, char** argv) {
                 std::min<std::size_t>(static_cast<std::size_t>(b), res.points.size());
             const std::vector<kareus::SearchPoint> prefix(res.points.begin(),
                                                           res.points.begin() + n);
+            const bool is_mbo = strat == "mbo" || strat == "mbo-warm";
             kareus::SearchOptions so = o;
-            if (strat != "mbo" && !smooth_random) so.selection = "measured";
-            const auto sel = n == res.points.size() && strat == "mbo"
-                                 ? res.selected
-                                 : kareus::select_front(prefix, space, so);
+            if (!is_mbo && !smooth_random) so.selection = "measured";
+            const auto sel =
+                n == res.points.size() && is_mbo
+                    ? res.selected
+                    : kareus::select_front(
+                          prefix, space, so,
+                          res.prior_prediction.empty() ? nullptr : &res.prior_prediction);
             std::vector<std::size_t> every(n);
             std::vector<kareus::Point2> measured;
             for (std::size_t i = 0; i < n; ++i) {
@@ -355,7 +472,9 @@ int main(int argc, char** argv) {
                              {"space", r.space},
                              {"exhaustive_truth", r.exhaustive_truth.v},
                              {"exhaustive_smoothed_truth", r.exhaustive_smoothed.v},
-                             {"cpu_s", r.cpu_s}};
+                             {"cpu_s", r.cpu_s},
+                             {"prior", r.prior_used},
+                             {"beta", r.beta}};
         for (const auto& [s, m] : r.by) {
           for (const auto& [b, c] : m) {
             pj[s][std::to_string(b)] = {{"truth", c.truth.v},
@@ -366,13 +485,20 @@ int main(int argc, char** argv) {
         }
         std::ofstream(jsonl_path, std::ios::app) << pj.dump() << std::endl;
       }
-      fmt::print(stderr,
-                 "[{}/{}] {:<42} truth@112 mbo {:.4f} rnd {:.4f} | @224 mbo {:.4f} (worst {:.4f}) "
-                 "rnd {:.4f} | exhaustive {:.4f}, smoothed {:.4f}\n",
-                 ++done, jobs.size(), r.label, r.by["mbo"][112].truth.mean(),
-                 r.by["random"][112].truth.mean(), r.by["mbo"][224].truth.mean(),
-                 r.by["mbo"][224].truth.worst(), r.by["random"][224].truth.mean(),
-                 r.exhaustive_truth.mean(), r.exhaustive_smoothed.mean());
+      std::string scores;
+      for (const auto& s : strategies) {
+        for (int b : {56, 112, 224}) {
+          if (!r.by[s].count(b)) continue;
+          scores += fmt::format(" {}@{} {:.4f} (worst {:.4f})", s, b, r.by[s][b].truth.mean(),
+                                r.by[s][b].truth.worst());
+        }
+      }
+      std::string betas;
+      for (const auto& b : r.beta) betas += fmt::format(" {}", fmt::join(b, "/"));
+      fmt::print(stderr, "[{}/{}] {:<42}{} | exhaustive {:.4f}, smoothed {:.4f}{}{}\n", ++done,
+                 jobs.size(), r.label, scores, r.exhaustive_truth.mean(),
+                 r.exhaustive_smoothed.mean(), r.prior_used.empty() ? "" : " | prior ",
+                 fmt::join(r.prior_used, ","), betas.empty() ? "" : " beta t/d/st/se" + betas);
     }
   };
   std::vector<std::thread> pool;
@@ -398,9 +524,9 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < kBudgets.size(); ++i) rule += " --- |";
   fmt::print(
       "Truth-scored hypervolume fraction, mean over partitions x seeds (worst single run)\n\n"
-      "| class | partitions | strategy | {} | noisy score 224 |\n"
+      "| class | partitions | strategy | {} | noisy score {} |\n"
       "| --- | --- | --- |{} --- |\n",
-      fmt::join(kBudgets, " | "), rule);
+      fmt::join(kBudgets, " | "), kBudgets.back(), rule);
   std::vector<const JobResult*> every;
   for (const auto& r : results) every.push_back(&r);
   classes["all"] = every;
@@ -413,7 +539,7 @@ int main(int argc, char** argv) {
         row += fmt::format(" {:.4f} ({:.4f}) |", st.mean(), st.worst());
         j["classes"][cls][s][std::to_string(b)] = {{"mean", st.mean()}, {"worst", st.worst()}};
       }
-      row += fmt::format(" {:.4f} |", agg(rs, s, 224, &Cell::noisy).mean());
+      row += fmt::format(" {:.4f} |", agg(rs, s, kBudgets.back(), &Cell::noisy).mean());
       fmt::print("{}\n", row);
     }
     for (int b : kBudgets) {
@@ -458,29 +584,58 @@ int main(int argc, char** argv) {
     }
   }
   fmt::print(
-      "surrogate time of one 224-point mbo search: wall mean {:.3f} s, max {:.3f} s; CPU "
+      "surrogate time of one {}-point mbo search: wall mean {:.3f} s, max {:.3f} s; CPU "
       "(whole search, emulator included) mean {:.3f} s, max {:.3f} s ({} searches)\n",
-      sn ? ssum / static_cast<double>(sn) : 0.0, smax, sn ? csum / static_cast<double>(sn) : 0.0,
-      cmax, sn);
+      kBudgets.back(), sn ? ssum / static_cast<double>(sn) : 0.0, smax,
+      sn ? csum / static_cast<double>(sn) : 0.0, cmax, sn);
   fmt::print("mbo below random by class mean: {}\n",
              losses.empty() ? std::string("none") : fmt::format("{}", fmt::join(losses, " ")));
-  int fail = 0;
-  fmt::print(
-      "partitions missing the target (mbo@112 mean >= 0.99, @224 mean >= 0.995, worst >= "
-      "0.98):");
-  for (const auto& r : results) {
-    const auto& a = r.by.at("mbo").at(112).truth;
-    const auto& b = r.by.at("mbo").at(224).truth;
-    if (a.mean() < 0.99 || b.mean() < 0.995 || b.worst() < 0.98) {
-      fmt::print(" {}({:.4f};{:.4f}/{:.4f})", r.label, a.mean(), b.mean(), b.worst());
-      ++fail;
+  if (warm != "none") {
+    // Issue 33's acceptance at 56 points: every partition mean >= 0.995, worst seed >= 0.98.
+    for (const std::string s : {"mbo", "mbo-warm"}) {
+      fmt::print("{} partitions missing the 56-point target (mean >= 0.995, worst >= 0.98):", s);
+      int miss = 0;
+      for (const auto& r : results) {
+        const auto& c = r.by.at(s).at(56).truth;
+        if (c.mean() < 0.995 || c.worst() < 0.98) {
+          fmt::print(" {}({:.4f}/{:.4f})", r.label, c.mean(), c.worst());
+          ++miss;
+        }
+      }
+      fmt::print("{}\n", miss ? "" : " none");
     }
+    int worse = 0;
+    fmt::print("partitions where mbo-warm is below mbo at 56 by mean:");
+    for (const auto& r : results) {
+      const double d = r.by.at("mbo-warm").at(56).truth.mean() - r.by.at("mbo").at(56).truth.mean();
+      if (d < 0) {
+        fmt::print(" {}({:+.4f})", r.label, d);
+        ++worse;
+      }
+    }
+    fmt::print("{}\n", worse ? "" : " none");
   }
-  // The information limit: partitions where measuring every point and selecting as mbo does
-  // still misses the 224-point part of the target, so no search of 224 single measurements
-  // with this selection is expected to meet it there.
-  fmt::print("{}\nexhaustive with the {} selection missing the 224-point target:",
-             fail ? "" : " none", base.selection);
+  const bool full_target = std::count(kBudgets.begin(), kBudgets.end(), 112) &&
+                           std::count(kBudgets.begin(), kBudgets.end(), 224);
+  int fail = 0;
+  if (full_target) {
+    fmt::print(
+        "partitions missing the target (mbo@112 mean >= 0.99, @224 mean >= 0.995, worst >= "
+        "0.98):");
+    for (const auto& r : results) {
+      const auto& a = r.by.at("mbo").at(112).truth;
+      const auto& b = r.by.at("mbo").at(224).truth;
+      if (a.mean() < 0.99 || b.mean() < 0.995 || b.worst() < 0.98) {
+        fmt::print(" {}({:.4f};{:.4f}/{:.4f})", r.label, a.mean(), b.mean(), b.worst());
+        ++fail;
+      }
+    }
+    // The information limit: partitions where measuring every point and selecting as mbo does
+    // still misses the 224-point part of the target, so no search of 224 single measurements
+    // with this selection is expected to meet it there.
+    fmt::print("{}\n", fail ? "" : " none");
+  }
+  fmt::print("exhaustive with the {} selection missing the 224-point target:", base.selection);
   int ex_fail = 0;
   for (const auto& r : results) {
     const auto& e = r.exhaustive_smoothed;
@@ -489,9 +644,12 @@ int main(int argc, char** argv) {
       ++ex_fail;
     }
   }
-  fmt::print("{}\n{} of {} partitions meet it; wall time {:.0f} s with {} thread(s)\n",
-             ex_fail ? "" : " none", results.size() - static_cast<std::size_t>(fail),
-             results.size(), wall, threads);
+  fmt::print("{}\n", ex_fail ? "" : " none");
+  if (full_target) {
+    fmt::print("{} of {} partitions meet it; ", results.size() - static_cast<std::size_t>(fail),
+               results.size());
+  }
+  fmt::print("wall time {:.0f} s with {} thread(s)\n", wall, threads);
   if (!json_path.empty()) {
     for (const auto& r : results) {
       nlohmann::json pj = {{"partition", r.label}, {"class", r.cls}, {"space", r.space}};
@@ -503,6 +661,10 @@ int main(int argc, char** argv) {
       }
       pj["exhaustive_truth"] = r.exhaustive_truth.v;
       pj["exhaustive_smoothed_truth"] = r.exhaustive_smoothed.v;
+      if (!r.prior_used.empty()) {
+        pj["prior"] = r.prior_used;
+        pj["beta"] = r.beta;
+      }
       j["partitions"].push_back(pj);
     }
     j["surrogate_seconds_224"] = {{"mean", sn ? ssum / static_cast<double>(sn) : 0.0},

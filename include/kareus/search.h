@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kareus/pareto.h"
+#include "kareus/search_prior.h"
 #include "kareus/search_space.h"
 #include "kareus/store.h"
 #include "kareus/surrogate.h"
@@ -73,6 +74,13 @@ struct SearchOptions {
   /// kTimeNoiseShare x noise_rel when noise_rel is given, else kMeasuredNoiseRel's.
   double time_noise_rel = -1;
   EnsembleParams ensemble;
+  /// mbo (additive surrogate only): prior knowledge of the partition's response
+  /// (kareus/search_prior.h), shared by every partition of a run. Null: a cold start. Its
+  /// prediction z enters as log y = beta z + additive model, beta in {0, 1/2, 1} chosen at
+  /// every refit by cross-validation on the partition's own points (choose_prior_weight). The
+  /// initial design is measured in two halves; the second follows the prior's predicted front
+  /// only where the prior ranked the first as measured (SearchResult::prior_seeded).
+  std::shared_ptr<SearchPrior> prior;
 };
 
 struct SearchPoint {
@@ -100,6 +108,16 @@ struct SearchResult {
   const Measurement& estimate(std::size_t i) const {
     return estimates.empty() ? points[i].m : estimates[i];
   }
+  /// mbo with SearchOptions::prior: the prior's name ("none" without one, or when it knew
+  /// nothing of the partition), its prediction (parallel to SearchSpace::configs()) and the
+  /// weights of its last refit (time, dynamic energy) and of the selection (time, energy).
+  std::string prior = "none";
+  PriorPrediction prior_prediction;
+  double beta_time = 0, beta_dynamic_energy = 0;
+  double beta_select_time = 0, beta_select_energy = 0;
+  /// The second half of the initial design followed the prior's predicted front (the prior
+  /// ranked the first half as measured; see strategies.cc).
+  bool prior_seeded = false;
   /// Indices into points: the Pareto set of the measurements on (time_s, energy_j).
   std::vector<std::size_t> front() const;
   /// For every clock, indices of the Pareto-optimal points on (time_s, dynamic_energy_j) of
@@ -142,9 +160,12 @@ std::vector<std::string> search_strategy_names();
 /// log residuals of the points nearest it, less the noise and v). Near-ties measured with
 /// noise otherwise let lucky draws push truly better configurations off the front.
 /// "measured": the Pareto set of the measurements. Fewer than 16 points, or a space of one
-/// configuration per clock, fall back to "measured". Deterministic given o.seed.
+/// configuration per clock, fall back to "measured". Deterministic given o.seed. With a
+/// non-empty `prior` (SearchResult::prior_prediction) the additive model is fitted to
+/// log y - beta z, beta chosen per objective by choose_prior_weight.
 std::vector<std::size_t> select_front(const std::vector<SearchPoint>& points,
-                                      const SearchSpace& space, const SearchOptions& o);
+                                      const SearchSpace& space, const SearchOptions& o,
+                                      const PriorPrediction* prior = nullptr);
 
 /// Estimated time and energy of every point (energy split into dynamic and static at the
 /// point's own static power), for planning: select_front's estimates with each clock's
@@ -153,7 +174,8 @@ std::vector<std::size_t> select_front(const std::vector<SearchPoint>& points,
 /// the points of a clock. The measurements themselves wherever select_front falls back to
 /// "measured".
 std::vector<Measurement> smoothed_estimates(const std::vector<SearchPoint>& points,
-                                            const SearchSpace& space, const SearchOptions& o);
+                                            const SearchSpace& space, const SearchOptions& o,
+                                            const PriorPrediction* prior = nullptr);
 
 /// Normalized hypervolume of measured points on (time_s, energy_j): objectives min-max scaled
 /// by `lo`/`hi`, reference point 1.1 in each scaled objective.

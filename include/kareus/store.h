@@ -7,9 +7,11 @@
 #pragma once
 
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -42,6 +44,28 @@ struct StoreKey {
   std::string slot;
 };
 
+/// The shape of a stored partition, what a warm start (kareus/search_prior.h) needs to relate
+/// it to another: written to the store's `partition_shapes` table when the partition is first
+/// measured.
+struct PartitionShape {
+  std::string signature;           ///< Partition::signature
+  std::string key;                 ///< Partition::key, the partition kind ("fwd_mlp")
+  double compute_flops = 0;        ///< one nano-batch's compute
+  double compute_bytes = 0;        ///< its HBM bytes read and written
+  double collective_bytes = 0;     ///< payload of the collective and its tail
+  int group_size = 1;              ///< ranks of the collective's group
+  std::vector<std::string> slots;  ///< launch slots, in chain order
+};
+
+PartitionShape partition_shape(const Partition& p);
+
+/// The measured points of one stored partition under one backend.
+struct StoredPartition {
+  PartitionShape shape;
+  std::string backend;
+  std::vector<std::pair<PartitionConfig, Measurement>> points;
+};
+
 class ProfileStore {
  public:
   /// Opens or creates the store at `path`. A file that is not SQLite, an SQLite database that
@@ -58,6 +82,15 @@ class ProfileStore {
   std::size_t count(const std::string& gpu, const std::string& backend,
                     const std::string& signature) const;
   std::size_t count_all() const;
+  /// Records a partition's shape (kept if already there).
+  void put_shape(const PartitionShape& s);
+  std::optional<PartitionShape> shape(const std::string& signature) const;
+  /// Every partition of kind `key` measured on `gpu` whose shape is recorded, except the one
+  /// with signature `exclude`: one entry per (signature, backend), with the points measured
+  /// before `measured_before_s` (seconds since the epoch, as measured_at).
+  std::vector<StoredPartition> related(
+      const std::string& gpu, const std::string& key, const std::string& exclude,
+      double measured_before_s = std::numeric_limits<double>::infinity()) const;
   const std::string& path() const { return path_; }
 
   static constexpr int kFormatVersion = 1;
@@ -154,6 +187,8 @@ class CachedProfiler {
   int reused_ = 0;
   bool ask_ = false;
   ParallelMeasurer* parallel_ = nullptr;
+  std::set<std::string> shapes_written_;  ///< signatures whose shape this run has stored
+  void note_shape(const Partition& p);
 };
 
 /// Signature of a segment's work (kernel shapes), for store keys.

@@ -18,7 +18,10 @@
 // even when the average choice is poor (Qwen3 1.7B CP `fwd_qkv_ar`: 21 SMs at the `linear`
 // slot is 4.5% faster than 18 or 24 and was never measured in 224 points by the spread-based
 // pass); smoothed selection of the recommended front (select_front); an optional stopping rule
-// on measured hypervolume growth.
+// on measured hypervolume growth; warm starts (kareus/search_prior.h): a prior's prediction z
+// enters the additive model as log y = beta z + effects, beta in {0, 1/2, 1} by cross-
+// validation on the partition's own points (choose_prior_weight), and half the initial design
+// follows the prior's front only after the prior ranked the other half as measured.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -29,6 +32,7 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include "kareus/error.h"
@@ -360,14 +364,69 @@ class AdditiveModel {
 
 double safe_log(double v) { return std::log(std::max(v, 1e-300)); }
 
+Levels levels_at(const SearchSpace& space, std::size_t index) {
+  const std::size_t combos = space.sms.size() * space.slots.size();
+  return {index / combos, index % combos};
+}
+
+std::size_t index_of(const SearchSpace& space, const Levels& l) {
+  return l.freq * space.sms.size() * space.slots.size() + l.combo;
+}
+
+}  // namespace
+
+// Cross-validated choice among three weights only: a finer grid would fit the noise of a few
+// dozen points, and the three cover the cases that matter (the prior is wrong: 0; it has the
+// right shape: 1; it is half right, e.g. the response is flatter than predicted: 1/2). The
+// folds are seeded; a weight wins only by a strictly lower held-out error, so equal errors (a
+// flat prior) keep the cold model.
+double choose_prior_weight(const SearchSpace& space, const std::vector<std::size_t>& space_index,
+                           const std::vector<double>& log_y, const std::vector<double>& z,
+                           double clock_smoothing, std::uint64_t seed) {
+  constexpr std::size_t kWeightFolds = 5;
+  const std::size_t n = log_y.size();
+  if (n < 2 * kWeightFolds || z.size() != n || space_index.size() != n) return 0;
+  std::vector<Levels> lv(n);
+  for (std::size_t i = 0; i < n; ++i) lv[i] = levels_at(space, space_index[i]);
+  const auto order = shuffled(n, seed ^ 0x2545f4914f6cdd1dULL);
+  std::vector<std::size_t> fold(n);
+  for (std::size_t r = 0; r < n; ++r) fold[order[r]] = r % kWeightFolds;
+  double best = 0, best_err = std::numeric_limits<double>::infinity();
+  for (const double beta : {0.0, 0.5, 1.0}) {
+    double err = 0;
+    for (std::size_t k = 0; k < kWeightFolds; ++k) {
+      std::vector<Levels> lv_tr;
+      std::vector<double> y_tr;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (fold[i] == k) continue;
+        lv_tr.push_back(lv[i]);
+        y_tr.push_back(log_y[i] - beta * z[i]);
+      }
+      AdditiveModel am(space, clock_smoothing);
+      am.fit(lv_tr, y_tr);
+      for (std::size_t i = 0; i < n; ++i) {
+        if (fold[i] == k) err += std::pow(log_y[i] - beta * z[i] - am.predict(lv[i]), 2);
+      }
+    }
+    if (err < best_err * (1 - 1e-9)) {
+      best = beta;
+      best_err = err;
+    }
+  }
+  return best;
+}
+
+namespace {
+
 // What select_front ranks (time_s, energy_j) and the values handed on (smoothed_estimates), one
 // of each per point.
 struct Estimates {
   std::vector<Point2> ranking;
   std::vector<Measurement> values;
+  double beta_time = 0, beta_energy = 0;  ///< the prior's weights, 0 without one
 };
 Estimates estimate_points(const std::vector<SearchPoint>& points, const SearchSpace& space,
-                          const SearchOptions& o);
+                          const SearchOptions& o, const PriorPrediction* prior);
 
 NoiseRel noise_rel_of(const SearchOptions& o) {
   if (o.noise_rel >= 0) return noise_with_time_share(o.noise_rel, o.time_noise_rel);
@@ -380,8 +439,9 @@ NoiseRel noise_rel_of(const SearchOptions& o) {
 class BatchSelector {
  public:
   BatchSelector(const Matrix& all, const Recorder& rec, const SearchSpace& space,
-                const SearchOptions& o, double p_static, std::uint64_t seed)
-      : pts_(rec.result.points) {
+                const SearchOptions& o, double p_static, std::uint64_t seed,
+                const PriorPrediction* prior)
+      : pts_(rec.result.points), prior_(prior && !prior->empty() ? prior : nullptr) {
     for (const auto& p : pts_) {
       t_.push_back(p.m.time_s);
       d_.push_back(p.m.dynamic_energy_j);
@@ -396,6 +456,9 @@ class BatchSelector {
     fit_and_predict(all, rec, space, o, p_static, seed);
     chosen_.assign(cand_.size(), false);
   }
+
+  double beta_time() const { return beta_t_; }
+  double beta_dynamic_energy() const { return beta_d_; }
 
   std::vector<std::size_t> select(std::size_t b, const SearchOptions& o) {
     const std::size_t k1 = static_cast<std::size_t>(std::llround(b * o.share_hvi_total));
@@ -433,6 +496,21 @@ class BatchSelector {
       ld.push_back(safe_log(d_[i]));
     }
     double rt_sd = 1, rd_sd = 1;
+    if (additive && prior_) {
+      // The prior's part, beta z, comes off the targets; what is left is fitted as without a
+      // prior, and beta z is added back to every prediction.
+      std::vector<double> zt, zd;
+      for (std::size_t i = 0; i < pts_.size(); ++i) {
+        zt.push_back(prior_->log_time_s[rec.order[i]]);
+        zd.push_back(prior_->log_dynamic_energy_j[rec.order[i]]);
+      }
+      beta_t_ = choose_prior_weight(space, rec.order, lt, zt, o.clock_smoothing, seed);
+      beta_d_ = choose_prior_weight(space, rec.order, ld, zd, o.clock_smoothing, seed + 1);
+      for (std::size_t i = 0; i < pts_.size(); ++i) {
+        lt[i] -= beta_t_ * zt[i];
+        ld[i] -= beta_d_ * zd[i];
+      }
+    }
     if (additive) {
       at.fit(lv, lt);
       ad.fit(lv, ld);
@@ -481,8 +559,10 @@ class BatchSelector {
     for (std::size_t j = 0; j < cand_.size(); ++j) {
       if (additive) {
         const Levels l = levels_of(space, space.at(cand_[j]));
-        pt_[j] = std::exp(at.predict(l) + mt[j] * rt_sd);
-        pd_[j] = std::exp(ad.predict(l) + md[j] * rd_sd);
+        const double zt = prior_ ? beta_t_ * prior_->log_time_s[cand_[j]] : 0.0;
+        const double zd = prior_ ? beta_d_ * prior_->log_dynamic_energy_j[cand_[j]] : 0.0;
+        pt_[j] = std::exp(at.predict(l) + zt + mt[j] * rt_sd);
+        pd_[j] = std::exp(ad.predict(l) + zd + md[j] * rd_sd);
         // Spreads in relative units, comparable to the normalized ones of "trees".
         st_[j] = st_[j] * rt_sd * pt_[j] / ts_.scale;
         sd_[j] = sd_[j] * rd_sd * pd_[j] / ds_.scale;
@@ -567,6 +647,8 @@ class BatchSelector {
   }
 
   const std::vector<SearchPoint>& pts_;
+  const PriorPrediction* prior_;      ///< null: cold
+  double beta_t_ = 0, beta_d_ = 0;    ///< the prior's weights (choose_prior_weight)
   std::vector<double> t_, d_, e_;     ///< measured time, dynamic and total energy
   Scale ts_, ds_, es_;                ///< their normalizations
   std::vector<std::size_t> cand_;     ///< unevaluated candidate indices
@@ -606,12 +688,41 @@ class MboSearch : public SearchStrategy {
     const double p_static = prof.backend().static_power_w();
 
     const Matrix all = candidate_features(space);
+    if (o.prior) {
+      rec.result.prior_prediction = o.prior->predict(part, space);
+      if (!rec.result.prior_prediction.empty()) {
+        if (rec.result.prior_prediction.log_time_s.size() != total ||
+            rec.result.prior_prediction.log_energy_j.size() != total ||
+            rec.result.prior_prediction.log_dynamic_energy_j.size() != total) {
+          throw InternalError(fmt::format("prior '{}' predicted {} of {} configurations",
+                                          o.prior->name(),
+                                          rec.result.prior_prediction.log_time_s.size(), total));
+        }
+        rec.result.prior = o.prior->name();
+      }
+    }
+    const PriorPrediction* prior =
+        rec.result.prior_prediction.empty() ? nullptr : &rec.result.prior_prediction;
 
     // Initial design, then fixed batches: the schedule does not depend on the budget, so a
     // smaller budget measures a prefix of a larger one's points (and benchmarks score every
     // budget from one run).
     const std::size_t init = std::min<std::size_t>(n, static_cast<std::size_t>(o.initial_points));
-    rec.measure_batch(initial_design(space, init, o));
+    const auto design = initial_design(space, init, o);
+    if (prior && init >= 2 * kPriorCheckPoints) {
+      // Half the design first; the other half goes to the prior's predicted front only where
+      // the prior ranks those first points as they were measured (see seeded_half).
+      const std::vector<std::size_t> first(design.begin(), design.begin() + init / 2);
+      rec.measure_batch(first);
+      rec.measure_batch(
+          seeded_half(space, rec, *prior, init)
+              .value_or(std::vector<std::size_t>(design.begin() + init / 2, design.end())));
+      rec.result.prior_seeded =
+          rec.order.size() == init &&
+          !std::equal(rec.order.begin() + init / 2, rec.order.end(), design.begin() + init / 2);
+    } else {
+      rec.measure_batch(design);
+    }
     const std::size_t batch_size = static_cast<std::size_t>(o.batch_size);
     std::uint64_t batch_seed = o.seed;
     int flat_batches = 0;
@@ -619,7 +730,10 @@ class MboSearch : public SearchStrategy {
       const std::size_t b = std::min<std::size_t>(batch_size, n - rec.result.points.size());
       const std::size_t before = rec.result.points.size();
       const auto t0 = std::chrono::steady_clock::now();
-      const auto batch = select_batch(all, rec, space, b, o, p_static, ++batch_seed);
+      BatchSelector sel(all, rec, space, o, p_static, ++batch_seed, prior);
+      const auto batch = sel.select(b, o);
+      rec.result.beta_time = sel.beta_time();
+      rec.result.beta_dynamic_energy = sel.beta_dynamic_energy();
       rec.result.surrogate_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       rec.measure_batch(batch);
@@ -633,7 +747,9 @@ class MboSearch : public SearchStrategy {
       }
     }
     const auto t0 = std::chrono::steady_clock::now();
-    Estimates est = estimate_points(rec.result.points, space, o);
+    Estimates est = estimate_points(rec.result.points, space, o, prior);
+    rec.result.beta_select_time = est.beta_time;
+    rec.result.beta_select_energy = est.beta_energy;
     rec.result.selected = pareto_front(est.ranking);
     rec.result.estimates = std::move(est.values);
     rec.result.surrogate_seconds +=
@@ -658,6 +774,9 @@ class MboSearch : public SearchStrategy {
     initial_design_of(o);  // throws on an unknown name
     if (o.surrogate != "additive" && o.surrogate != "trees") {
       bad(fmt::format("--surrogate '{}': allowed additive, trees", o.surrogate));
+    }
+    if (o.prior && o.surrogate != "additive") {
+      bad(fmt::format("a prior ('{}') needs --surrogate additive", o.prior->name()));
     }
     if (o.selection != "smoothed" && o.selection != "measured") {
       bad(fmt::format("--selection '{}': allowed smoothed, measured", o.selection));
@@ -687,6 +806,79 @@ class MboSearch : public SearchStrategy {
       bad(fmt::format("smoothing_min_points must be >= 0, got {}", o.smoothing_min_points));
     }
     if (o.ensemble.members < 2) bad("the ensemble needs at least 2 members");
+  }
+
+  // The prior must have ranked the first half of the initial design (at least this many
+  // points) as measured, by Spearman correlation >= kPriorAgreement on log time and on log
+  // energy, before the second half follows it. Why a check at all: seeding on a prior's front
+  // spends points before any evidence about the prior, and a misleading store made mbo worse
+  // than cold that way (docs/search.md, "Warm starts"). Why 0.9: a rank correlation that high
+  // on 14 points is not reached by chance (p < 1e-4), and below it the prior's front would
+  // be a guess among near-ties anyway.
+  static constexpr std::size_t kPriorCheckPoints = 8;
+  static constexpr double kPriorAgreement = 0.9;
+
+  static double spearman(const std::vector<double>& a, const std::vector<double>& b) {
+    auto ranks = [](const std::vector<double>& v) {
+      std::vector<std::size_t> idx(v.size());
+      std::iota(idx.begin(), idx.end(), 0);
+      std::sort(idx.begin(), idx.end(), [&](std::size_t x, std::size_t y) { return v[x] < v[y]; });
+      std::vector<double> r(v.size());
+      for (std::size_t k = 0; k < idx.size(); ++k) r[idx[k]] = static_cast<double>(k);
+      return r;
+    };
+    const auto ra = ranks(a), rb = ranks(b);
+    const double n = static_cast<double>(a.size());
+    double d2 = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) d2 += (ra[i] - rb[i]) * (ra[i] - rb[i]);
+    return 1 - 6 * d2 / (n * (n * n - 1));
+  }
+
+  // The second half of the initial design when the prior agrees with the first half's
+  // measurements: the configurations of the prior's predicted (time, energy) fronts, peeled
+  // layer by layer (non-dominated sorting) until there are enough, each layer thinned evenly
+  // along time. nullopt (keep the Latin hypercube) when it does not agree.
+  static std::optional<std::vector<std::size_t>> seeded_half(const SearchSpace& space,
+                                                             const Recorder& rec,
+                                                             const PriorPrediction& z,
+                                                             std::size_t init) {
+    std::vector<double> mt, me, zt, ze;
+    for (std::size_t i = 0; i < rec.order.size(); ++i) {
+      mt.push_back(safe_log(rec.result.points[i].m.time_s));
+      me.push_back(safe_log(rec.result.points[i].m.energy_j));
+      zt.push_back(z.log_time_s[rec.order[i]]);
+      ze.push_back(z.log_energy_j[rec.order[i]]);
+    }
+    if (spearman(mt, zt) < kPriorAgreement || spearman(me, ze) < kPriorAgreement) {
+      return std::nullopt;
+    }
+    const std::size_t want = init - rec.order.size();
+    std::vector<std::size_t> free;
+    for (std::size_t i = 0; i < space.size(); ++i) {
+      if (!rec.taken(i)) free.push_back(i);
+    }
+    std::vector<std::size_t> out;
+    while (out.size() < want && !free.empty()) {
+      std::vector<Point2> pts;
+      for (std::size_t i : free) pts.push_back({z.log_time_s[i], z.log_energy_j[i]});
+      auto layer = pareto_front(pts);  // time ascending
+      const std::size_t take = std::min(want - out.size(), layer.size());
+      std::vector<bool> drop(free.size(), false);
+      for (std::size_t k = 0; k < take; ++k) {
+        const std::size_t j =
+            take == 1 ? 0
+                      : static_cast<std::size_t>(
+                            std::llround(static_cast<double>(k) * (layer.size() - 1) / (take - 1)));
+        out.push_back(free[layer[j]]);
+      }
+      for (std::size_t j : layer) drop[j] = true;
+      std::vector<std::size_t> rest;
+      for (std::size_t i = 0; i < free.size(); ++i) {
+        if (!drop[i]) rest.push_back(free[i]);
+      }
+      free = std::move(rest);
+    }
+    return out;
   }
 
   static std::vector<std::size_t> initial_design(const SearchSpace& space, std::size_t k,
@@ -743,15 +935,6 @@ class MboSearch : public SearchStrategy {
     const double before_hv = normalized_hypervolume(pts, lo, hi);
     return before_hv > 0 ? after_hv / before_hv - 1.0 : 1.0;
   }
-
-  // One batch: the four passes over the unevaluated candidates (BatchSelector).
-  static std::vector<std::size_t> select_batch(const Matrix& all, const Recorder& rec,
-                                               const SearchSpace& space, std::size_t b,
-                                               const SearchOptions& o, double p_static,
-                                               std::uint64_t seed) {
-    BatchSelector sel(all, rec, space, o, p_static, seed);
-    return sel.select(b, o);
-  }
 };
 
 }  // namespace
@@ -792,8 +975,10 @@ namespace {
 // Cross-fitted prediction of log(v) at the held-out points of fold k: the additive model plus
 // shallow, shrunk trees on what it leaves (the target is the smooth part of the response, not
 // each draw). noise_rel is the objective's repeatability (leaf_shrinkage).
+// offset: the prior's part of log(v) at each point (beta z; empty: none).
 void fit_fold(const CrossFit& cf, std::size_t k, const std::vector<double>& v,
-              std::vector<double>& out, bool monotone, double noise_rel) {
+              const std::vector<double>& offset, std::vector<double>& out, bool monotone,
+              double noise_rel) {
   std::vector<Levels> lv_tr;
   std::vector<double> ly_tr;
   Matrix tr, te;
@@ -807,7 +992,7 @@ void fit_fold(const CrossFit& cf, std::size_t k, const std::vector<double>& v,
       held.push_back(i);
     } else {
       lv_tr.push_back(cf.lv[i]);
-      ly_tr.push_back(safe_log(v[i]));
+      ly_tr.push_back(safe_log(v[i]) - (offset.empty() ? 0.0 : offset[i]));
     }
   }
   if (held.empty()) return;
@@ -837,7 +1022,8 @@ void fit_fold(const CrossFit& cf, std::size_t k, const std::vector<double>& v,
   m.fit(tr, res);
   const auto q = m.predict(te);
   for (std::size_t j = 0; j < held.size(); ++j) {
-    out[held[j]] = std::exp(am.predict(cf.lv[held[j]]) + q[j] * sd);
+    const double off = offset.empty() ? 0.0 : offset[held[j]];
+    out[held[j]] = std::exp(am.predict(cf.lv[held[j]]) + off + q[j] * sd);
   }
 }
 
@@ -909,7 +1095,7 @@ std::vector<double> measurement_weights(const SearchOptions& o, double noise_rel
 namespace {
 
 Estimates estimate_points(const std::vector<SearchPoint>& points, const SearchSpace& space,
-                          const SearchOptions& o) {
+                          const SearchOptions& o, const PriorPrediction* prior) {
   Estimates out;
   for (const auto& p : points) {
     out.ranking.push_back({p.m.time_s, p.m.energy_j});
@@ -938,10 +1124,28 @@ Estimates estimate_points(const std::vector<SearchPoint>& points, const SearchSp
   cf.lv.reserve(points.size());
   for (const auto& p : points) cf.lv.push_back(levels_of(space, p.config));
   const NoiseRel noise = noise_rel_of(o);
+  std::vector<double> off_t, off_e;
+  if (prior && !prior->empty()) {
+    std::vector<std::size_t> idx;
+    std::vector<double> zt, ze, lt, le;
+    for (std::size_t i = 0; i < points.size(); ++i) {
+      idx.push_back(index_of(space, cf.lv[i]));
+      zt.push_back(prior->log_time_s[idx.back()]);
+      ze.push_back(prior->log_energy_j[idx.back()]);
+      lt.push_back(safe_log(t[i]));
+      le.push_back(safe_log(e[i]));
+    }
+    out.beta_time = choose_prior_weight(space, idx, lt, zt, o.clock_smoothing, o.seed);
+    out.beta_energy = choose_prior_weight(space, idx, le, ze, o.clock_smoothing, o.seed + 1);
+    for (std::size_t i = 0; i < points.size(); ++i) {
+      off_t.push_back(out.beta_time * zt[i]);
+      off_e.push_back(out.beta_energy * ze[i]);
+    }
+  }
   std::vector<double> pt(points.size()), pe(points.size());
   for (std::size_t k = 0; k < kFolds; ++k) {
-    fit_fold(cf, k, t, pt, true, noise.time);
-    fit_fold(cf, k, e, pe, false, noise.energy);
+    fit_fold(cf, k, t, off_t, pt, true, noise.time);
+    fit_fold(cf, k, e, off_e, pe, false, noise.energy);
   }
   // Variance of each prediction's additive part: s^2 over the number of other points at its
   // clock, plus the same at its (SMs, slot) choice; s is each objective's own noise (a time
@@ -991,13 +1195,15 @@ Estimates estimate_points(const std::vector<SearchPoint>& points, const SearchSp
 }  // namespace
 
 std::vector<std::size_t> select_front(const std::vector<SearchPoint>& points,
-                                      const SearchSpace& space, const SearchOptions& o) {
-  return pareto_front(estimate_points(points, space, o).ranking);
+                                      const SearchSpace& space, const SearchOptions& o,
+                                      const PriorPrediction* prior) {
+  return pareto_front(estimate_points(points, space, o, prior).ranking);
 }
 
 std::vector<Measurement> smoothed_estimates(const std::vector<SearchPoint>& points,
-                                            const SearchSpace& space, const SearchOptions& o) {
-  return estimate_points(points, space, o).values;
+                                            const SearchSpace& space, const SearchOptions& o,
+                                            const PriorPrediction* prior) {
+  return estimate_points(points, space, o, prior).values;
 }
 
 namespace {

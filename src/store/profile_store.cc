@@ -26,7 +26,7 @@ using Stmt = std::unique_ptr<sqlite3_stmt, StmtDeleter>;
 struct ProfileStore::Impl {
   sqlite3* db = nullptr;
   std::string path;
-  Stmt find, put, count;
+  Stmt find, put, count, put_shape, shape;
   // While the constructor runs, every SQLite failure is the path's fault (/dev/null, a
   // directory, a file that is not SQLite, a read-only place): invalid input, not internal.
   bool opening = true;
@@ -35,6 +35,8 @@ struct ProfileStore::Impl {
     find.reset();
     put.reset();
     count.reset();
+    put_shape.reset();
+    shape.reset();
     if (db) sqlite3_close(db);
   }
 
@@ -130,6 +132,13 @@ ProfileStore::ProfileStore(const std::string& path) : impl_(std::make_unique<Imp
   }
   impl_->exec("PRAGMA journal_mode=WAL");
   impl_->exec("PRAGMA synchronous=NORMAL");
+  // Added after format version 1 without a version change: a store without the table reads as
+  // one whose partitions have no recorded shape (they give no warm start), and gets it here.
+  impl_->exec(
+      "CREATE TABLE IF NOT EXISTS partition_shapes("
+      " signature TEXT PRIMARY KEY, partition_key TEXT NOT NULL, compute_flops REAL NOT NULL,"
+      " compute_bytes REAL NOT NULL, collective_bytes REAL NOT NULL,"
+      " group_size INTEGER NOT NULL, slots TEXT NOT NULL)");
   impl_->find = impl_->prepare(
       "SELECT time_s, energy_j, dynamic_energy_j, static_energy_j FROM measurements WHERE "
       "gpu=?1 AND backend=?2 AND signature=?3 AND freq_mhz=?4 AND sms=?5 AND slot=?6");
@@ -138,6 +147,11 @@ ProfileStore::ProfileStore(const std::string& path) : impl_(std::make_unique<Imp
       "?12)");
   impl_->count = impl_->prepare(
       "SELECT COUNT(*) FROM measurements WHERE gpu=?1 AND backend=?2 AND signature=?3");
+  impl_->put_shape =
+      impl_->prepare("INSERT OR IGNORE INTO partition_shapes VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)");
+  impl_->shape = impl_->prepare(
+      "SELECT signature, partition_key, compute_flops, compute_bytes, collective_bytes, "
+      "group_size, slots FROM partition_shapes WHERE signature=?1");
   impl_->opening = false;
 }
 
@@ -211,6 +225,116 @@ std::size_t ProfileStore::count_all() const {
       std::stoull(impl_->single_text("SELECT COUNT(*) FROM measurements")));
 }
 
+namespace {
+
+PartitionShape shape_from_row(sqlite3_stmt* s, int first) {
+  auto text = [&](int i) {
+    const auto* t = sqlite3_column_text(s, first + i);
+    return std::string(t ? reinterpret_cast<const char*>(t) : "");
+  };
+  PartitionShape out;
+  out.signature = text(0);
+  out.key = text(1);
+  out.compute_flops = sqlite3_column_double(s, first + 2);
+  out.compute_bytes = sqlite3_column_double(s, first + 3);
+  out.collective_bytes = sqlite3_column_double(s, first + 4);
+  out.group_size = sqlite3_column_int(s, first + 5);
+  const std::string slots = text(6);
+  for (std::size_t a = 0; a < slots.size();) {
+    std::size_t b = slots.find(',', a);
+    if (b == std::string::npos) b = slots.size();
+    out.slots.push_back(slots.substr(a, b - a));
+    a = b + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+PartitionShape partition_shape(const Partition& p) {
+  PartitionShape s;
+  s.signature = p.signature;
+  s.key = p.key;
+  s.compute_flops = p.compute_flops();
+  for (const auto& k : p.compute_ops) s.compute_bytes += k.bytes();
+  s.collective_bytes = p.collective.payload_bytes;
+  for (const auto& k : p.comm_tail) s.collective_bytes += k.payload_bytes;
+  s.group_size = p.collective.group_size;
+  s.slots = p.slot_names();
+  return s;
+}
+
+void ProfileStore::put_shape(const PartitionShape& shape) {
+  sqlite3_stmt* s = impl_->put_shape.get();
+  sqlite3_reset(s);
+  std::string slots;
+  for (const auto& name : shape.slots) slots += (slots.empty() ? "" : ",") + name;
+  bind_text(s, 1, shape.signature);
+  bind_text(s, 2, shape.key);
+  sqlite3_bind_double(s, 3, shape.compute_flops);
+  sqlite3_bind_double(s, 4, shape.compute_bytes);
+  sqlite3_bind_double(s, 5, shape.collective_bytes);
+  sqlite3_bind_int(s, 6, shape.group_size);
+  bind_text(s, 7, slots);
+  const int rc = sqlite3_step(s);
+  sqlite3_reset(s);
+  if (rc != SQLITE_DONE) impl_->fail("put_shape", rc);
+}
+
+std::optional<PartitionShape> ProfileStore::shape(const std::string& signature) const {
+  sqlite3_stmt* s = impl_->shape.get();
+  sqlite3_reset(s);
+  bind_text(s, 1, signature);
+  const int rc = sqlite3_step(s);
+  if (rc == SQLITE_DONE) return std::nullopt;
+  if (rc != SQLITE_ROW) impl_->fail("shape", rc);
+  auto out = shape_from_row(s, 0);
+  sqlite3_reset(s);
+  return out;
+}
+
+std::vector<StoredPartition> ProfileStore::related(const std::string& gpu, const std::string& key,
+                                                   const std::string& exclude,
+                                                   double measured_before_s) const {
+  // Rare (once per partition searched), so prepared here rather than kept.
+  Stmt st = impl_->prepare(
+      "SELECT s.signature, s.partition_key, s.compute_flops, s.compute_bytes, "
+      "s.collective_bytes, s.group_size, s.slots, m.backend, m.freq_mhz, m.sms, m.slot, "
+      "m.time_s, m.energy_j, m.dynamic_energy_j, m.static_energy_j FROM measurements m JOIN "
+      "partition_shapes s ON m.signature = s.signature WHERE m.gpu=?1 AND s.partition_key=?2 "
+      "AND m.signature<>?3 AND m.measured_at<?4 ORDER BY s.signature, m.backend, m.freq_mhz, "
+      "m.sms, m.slot");
+  sqlite3_stmt* s = st.get();
+  bind_text(s, 1, gpu);
+  bind_text(s, 2, key);
+  bind_text(s, 3, exclude);
+  sqlite3_bind_double(s, 4, std::min(measured_before_s, std::numeric_limits<double>::max()));
+  std::vector<StoredPartition> out;
+  int rc;
+  while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+    const auto* b = sqlite3_column_text(s, 7);
+    const std::string backend = b ? reinterpret_cast<const char*>(b) : "";
+    const auto* sig = sqlite3_column_text(s, 0);
+    const std::string signature = sig ? reinterpret_cast<const char*>(sig) : "";
+    if (out.empty() || out.back().shape.signature != signature || out.back().backend != backend) {
+      out.push_back({shape_from_row(s, 0), backend, {}});
+    }
+    PartitionConfig c;
+    c.freq_mhz = sqlite3_column_int(s, 8);
+    c.sms = sqlite3_column_int(s, 9);
+    const auto* slot = sqlite3_column_text(s, 10);
+    c.slot = slot ? reinterpret_cast<const char*>(slot) : "";
+    Measurement m;
+    m.time_s = sqlite3_column_double(s, 11);
+    m.energy_j = sqlite3_column_double(s, 12);
+    m.dynamic_energy_j = sqlite3_column_double(s, 13);
+    m.static_energy_j = sqlite3_column_double(s, 14);
+    out.back().points.emplace_back(c, m);
+  }
+  if (rc != SQLITE_DONE) impl_->fail("related", rc);
+  return out;
+}
+
 // ---- CachedProfiler
 
 MeasurementsNeeded::MeasurementsNeeded(std::string partition, std::vector<PartitionConfig> configs)
@@ -269,7 +393,13 @@ Measurement CachedProfiler::serve(const StoreKey& k, const std::function<Measure
   return memo_.emplace(mk, m).first->second;
 }
 
+void CachedProfiler::note_shape(const Partition& p) {
+  if (!store_ || !shapes_written_.insert(p.signature).second) return;
+  store_->put_shape(partition_shape(p));
+}
+
 Measurement CachedProfiler::measure(const Partition& p, const PartitionConfig& c) {
+  note_shape(p);
   return serve(key(p, c), [&] { return backend_.measure(p, c); });
 }
 
@@ -338,6 +468,7 @@ std::vector<Measurement> CachedProfiler::serve_parallel(const std::vector<StoreK
 std::vector<Measurement> CachedProfiler::measure_batch(const Partition& p,
                                                        const std::vector<PartitionConfig>& configs,
                                                        const BatchCallback& on_point) {
+  note_shape(p);
   if (parallel_ && !ask_) {
     std::vector<StoreKey> keys;
     std::vector<MeasureRequest> requests;

@@ -13,8 +13,10 @@
 #include "kareus/emulator.h"
 #include "kareus/error.h"
 #include "kareus/interrupt.h"
+#include "kareus/partition.h"
 #include "kareus/search_space.h"
 #include "kareus/store.h"
+#include "kareus/workload.h"
 #include "test_util.h"
 
 namespace kareus {
@@ -273,6 +275,69 @@ TEST(ProfileStore, ConcurrentFirstUseFromSeveralProcesses) {
   }
   ProfileStore store(db);
   EXPECT_EQ(store.count_all(), static_cast<std::size_t>(kProcesses));
+}
+
+}  // namespace
+}  // namespace kareus
+
+namespace kareus {
+namespace {
+
+// The shapes table: written by CachedProfiler when it first measures a partition, read back by
+// shape() and joined with the measurements by related(), which leaves out other kinds, other
+// GPUs and the excluded signature.
+TEST(ProfileStore, PartitionShapesRoundTripAndRelated) {
+  test::TempDir tmp;
+  const std::string db = tmp.file("shapes.db");
+  const Workload w8 = load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096"));
+  const Workload w16 = load_workload(test::paper_workload("llama3.2-3b_tp8_mbs16_seq4096"));
+  const Partition a = partition_workload(w8).partition("fwd_mlp");
+  const Partition b = partition_workload(w16).partition("fwd_mlp");
+  const Partition other = partition_workload(w8).partition("fwd_attn");
+  EmulatorProfiler prof(test::emulator_options(w8.gpu_name, 0.0, 1));
+  const auto configs = make_search_space(a, prof.gpu()).configs();
+  {
+    ProfileStore s(db);
+    CachedProfiler cp(prof, &s);
+    cp.measure_batch(a, {configs[0], configs[1]});
+    cp.measure(b, configs[2]);
+    cp.measure(other, make_search_space(other, prof.gpu()).configs()[0]);
+  }
+  ProfileStore s(db);  // reopened: the table persists
+  const auto sa = s.shape(a.signature);
+  ASSERT_TRUE(sa.has_value());
+  EXPECT_EQ(sa->key, "fwd_mlp");
+  EXPECT_DOUBLE_EQ(sa->compute_flops, a.compute_flops());
+  double bytes = 0;
+  for (const auto& k : a.compute_ops) bytes += k.bytes_read + k.bytes_written;
+  EXPECT_DOUBLE_EQ(sa->compute_bytes, bytes);
+  EXPECT_DOUBLE_EQ(sa->collective_bytes, a.collective.payload_bytes);
+  EXPECT_EQ(sa->group_size, a.collective.group_size);
+  EXPECT_EQ(sa->slots, a.slot_names());
+  EXPECT_FALSE(s.shape("no-such-signature").has_value());
+  // b's fwd_mlp is twice the micro-batch: twice the FLOPs.
+  EXPECT_NEAR(s.shape(b.signature)->compute_flops / sa->compute_flops, 2.0, 1e-9);
+  const auto rel = s.related(prof.gpu().name, "fwd_mlp", b.signature);
+  ASSERT_EQ(rel.size(), 1u);
+  EXPECT_EQ(rel[0].shape.signature, a.signature);
+  EXPECT_EQ(rel[0].backend, prof.fingerprint());
+  ASSERT_EQ(rel[0].points.size(), 2u);
+  const auto m0 = prof.measure(a, configs[0]);
+  bool found = false;
+  for (const auto& [c, m] : rel[0].points) {
+    if (c.freq_mhz == configs[0].freq_mhz && c.sms == configs[0].sms && c.slot == configs[0].slot) {
+      found = true;
+      EXPECT_DOUBLE_EQ(m.time_s, m0.time_s);
+      EXPECT_DOUBLE_EQ(m.energy_j, m0.energy_j);
+    }
+  }
+  EXPECT_TRUE(found);
+  EXPECT_EQ(s.related(prof.gpu().name, "fwd_mlp", "none").size(), 2u);
+  EXPECT_TRUE(s.related("h100-sxm", "fwd_mlp", "none").empty());
+  EXPECT_EQ(s.related(prof.gpu().name, "fwd_attn", "none").size(), 1u);
+  // A snapshot before anything was measured holds nothing (the CLI's warm start reads the
+  // store as it was when the run began).
+  EXPECT_TRUE(s.related(prof.gpu().name, "fwd_mlp", "none", 1.0).empty());
 }
 
 }  // namespace

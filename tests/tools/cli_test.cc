@@ -394,3 +394,51 @@ TEST(CliInterrupt, SigtermWithoutDbSaysNothingWasKeptAndHowToKeepIt) {
 
 }  // namespace
 }  // namespace kareus
+
+namespace kareus {
+namespace {
+
+// Warm starts through the CLI: a store holding one shape of fwd_mlp gives the search of another
+// shape the store prior; --warm-start none and --prior emulator override it; bad values exit 2.
+TEST(Cli, SearchWarmStartFromTheStoreAndTheEmulatorPrior) {
+  test::TempDir tmp;
+  const std::string db = tmp.file("warm.db");
+  const std::string mbs8 = test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096");
+  const std::string mbs16 = test::paper_workload("llama3.2-3b_tp8_mbs16_seq4096");
+  const auto first = test::run_cli("search " + mbs8 +
+                                   " --partition fwd_mlp --strategy exhaustive --quiet --json "
+                                   "--db " +
+                                   db);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_EQ(nlohmann::json::parse(first.out)["prior"]["name"], "none");  // not mbo
+  auto search16 = [&](const std::string& extra) {
+    const auto r = test::run_cli("search " + mbs16 + " --partition fwd_mlp --budget 56 --quiet " +
+                                 "--json --db " + db + extra);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return nlohmann::json::parse(r.out);
+  };
+  const auto warm = search16("");
+  EXPECT_EQ(warm["prior"]["name"], "store");
+  for (const char* k :
+       {"beta_time", "beta_dynamic_energy", "beta_select_time", "beta_select_energy"}) {
+    const double b = warm["prior"][k];
+    EXPECT_TRUE(b == 0 || b == 0.5 || b == 1) << k << " " << b;
+  }
+  EXPECT_EQ(search16(" --warm-start none")["prior"]["name"], "none");
+  EXPECT_EQ(search16(" --prior emulator")["prior"]["name"], "emulator");
+  // Without a store there is nothing to start from.
+  const auto cold = test::run_cli("search " + mbs16 +
+                                  " --partition fwd_mlp --budget 28 --quiet "
+                                  "--json");
+  ASSERT_EQ(cold.exit_code, 0) << cold.err;
+  EXPECT_EQ(nlohmann::json::parse(cold.out)["prior"]["name"], "none");
+  const auto bad = test::run_cli("search " + mbs16 + " --partition fwd_mlp --warm-start maybe");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("--warm-start"), std::string::npos) << bad.err;
+  const auto bad_prior = test::run_cli("frontier " + mbs16 + " --prior oracle");
+  EXPECT_EQ(bad_prior.exit_code, 2);
+  EXPECT_NE(bad_prior.err.find("--prior"), std::string::npos) << bad_prior.err;
+}
+
+}  // namespace
+}  // namespace kareus

@@ -102,6 +102,7 @@ void register_search(CLI::App& app, Action& action) {
   cmd->add_flag("--json", a.json, "machine-readable output");
   cmd->add_flag("--quiet", a.quiet, "no progress bar");
   add_profiling_flags(cmd, a.flags);
+  add_prior_flags(cmd, a.flags);
   add_screening_flags(cmd, a.screening);
   cmd->footer(
       "Exit codes: 0 done, 2 invalid input, 3 measurements needed (--ask: measure the points in "
@@ -112,7 +113,7 @@ void register_search(CLI::App& app, Action& action) {
       const std::string& partition = args->partition;
       const std::string& strategy = args->strategy;
       const std::string& ask = args->ask;
-      const SearchOptions& opt = args->opt;
+      SearchOptions opt = args->opt;
       const bool json = args->json, quiet = args->quiet;
       const ProfilingFlags& flags = args->flags;
       auto strat = create_search_strategy(strategy);
@@ -137,6 +138,7 @@ void register_search(CLI::App& app, Action& action) {
       }
       ProfilingSession session = open_profiling(flags, w);
       session.cached->set_ask_mode(!ask.empty());
+      if (strategy == "mbo") opt.prior = session.prior;  // the others take no prior
       const SearchSpace space =
           make_search_space(p, session.backend->gpu(), space_options(*session.backend));
       const std::size_t expect =
@@ -192,6 +194,12 @@ void register_search(CLI::App& app, Action& action) {
         j["batches"] = r.batches;
         j["stopped_early"] = r.stopped_early;
         j["surrogate_seconds"] = r.surrogate_seconds;
+        j["prior"] = {{"name", r.prior},
+                      {"beta_time", r.beta_time},
+                      {"beta_dynamic_energy", r.beta_dynamic_energy},
+                      {"beta_select_time", r.beta_select_time},
+                      {"beta_select_energy", r.beta_select_energy},
+                      {"seeded", r.prior_seeded}};
         j["points"] = nlohmann::json::array();
         for (const auto& pt : r.points) j["points"].push_back(search_point_json(pt));
         j["front"] = nlohmann::json::array();
@@ -239,6 +247,12 @@ void register_search(CLI::App& app, Action& action) {
             "screened with {:g} s windows, {} re-measured with {:g} s windows; the "
             "recommendation is from those\n",
             so.window_s, screened.confirmed.size(), so.full_window_s);
+      }
+      if (r.prior != "none") {
+        std::cout << fmt::format(
+            "prior: {} (weight in the last refit: time {:g}, dynamic energy {:g}; in the "
+            "selection: time {:g}, energy {:g})\n",
+            r.prior, r.beta_time, r.beta_dynamic_energy, r.beta_select_time, r.beta_select_energy);
       }
       std::cout << "profiling cost on real GPUs: " << cost.describe() << "\n";
       // With mbo's smoothed selection the estimates (what the planner composes) come first.

@@ -64,6 +64,14 @@ inline void add_planner_flags(CLI::App* cmd, PlannerFlags& f) {
   cmd->add_flag("--quiet", f.quiet, "no progress display");
   add_profiling_flags(cmd, f.profiling);
   add_screening_flags(cmd, f.screening);
+  add_prior_flags(cmd, f.profiling);
+}
+
+/// The planner options with the session's prior (--warm-start, --prior) in its searches.
+inline PlannerOptions planner_options(const PlannerFlags& f, const ProfilingSession& s) {
+  PlannerOptions o = f.planner;
+  o.search.prior = s.prior;
+  return o;
 }
 
 /// The checks of the planner flags that CLI11 cannot make while parsing; run before anything
@@ -83,14 +91,14 @@ inline void check_planner_flags(const PlannerFlags& f) {
 struct PlannerProfiling {
   ProfilingSession full;
   ScreeningSession screen;
-  PlannerOptions options;  ///< the flags' planner options, with the screening options
+  PlannerOptions options;  ///< the flags' planner options, with the prior and the screening
   CachedProfiler* screen_profiler() const { return screen.cached.get(); }
 };
 
 inline PlannerProfiling open_planner_profiling(const PlannerFlags& f, const Workload& w) {
   PlannerProfiling p;
-  p.options = f.planner;
   p.full = open_profiling(f.profiling, w);
+  p.options = planner_options(f, p.full);
   if (f.screening.on()) {
     p.options.screening = screening_options(f.screening, f.profiling, false);
     p.screen = open_screening(f.profiling, w, p.full, p.options.screening);

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdint>
 #include <iostream>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "kareus/error.h"
 #include "kareus/profiler.h"
 #include "kareus/screening.h"
+#include "kareus/search_prior.h"
 #include "kareus/search_space.h"
 #include "kareus/store.h"
 #include "kareus/workload.h"
@@ -36,6 +38,9 @@ struct ProfilingFlags {
   double window_s = 5.0;
   double cooldown_s = 5.0;
   bool mpi = false;  ///< distributed profiling: rank 0 searches, the other ranks measure
+  // Warm starts (add_prior_flags; docs/search.md "Warm starts"), for the verbs that search.
+  std::string warm_start = "store";  ///< "store" or "none"
+  std::string prior = "auto";        ///< "emulator", "none" or "auto"
 };
 
 /// The largest CUDA device index --devices takes (NVML drives at most 64 GPUs per process; a
@@ -85,6 +90,28 @@ inline void add_profiling_flags(CLI::App* cmd, ProfilingFlags& f) {
                 "ranks measure (docs/scale.md)");
 }
 
+/// When this process started (seconds since the epoch): the store prior reads only what the
+/// store held then, so a run's warm starts do not depend on the order in which its searches,
+/// or other processes sharing the store, measure.
+inline const double kRunStartS =
+    std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+
+/// The warm-start flags of the verbs that search (search, frontier, plan, optimize, eval).
+inline void add_prior_flags(CLI::App* cmd, ProfilingFlags& f) {
+  cmd->add_option("--warm-start", f.warm_start,
+                  "mbo: start from the --db store's measurements of related partitions (the same "
+                  "partition kind at other shapes), weighted by cross-validation on the "
+                  "partition's own points: store, none")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"store", "none"}));
+  cmd->add_option("--prior", f.prior,
+                  "mbo: the emulator's prediction of each configuration as a prior: emulator, "
+                  "none, auto (emulator with --backend cuda or trace, else none); it takes the "
+                  "place of --warm-start store")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"emulator", "none", "auto"}));
+}
+
 /// The checks of the profiling flags that CLI11 cannot make while parsing; run before anything
 /// is loaded or measured: --db must be writable where it is (or, its folders missing, where
 /// they would be created). (The store itself is opened, and so checked, by open_profiling,
@@ -98,6 +125,8 @@ struct ProfilingSession {
   std::unique_ptr<Profiler> backend;
   std::unique_ptr<ProfileStore> store;
   std::unique_ptr<CachedProfiler> cached;
+  std::unique_ptr<Profiler> exact;     ///< the noise-free emulator of --prior emulator
+  std::shared_ptr<SearchPrior> prior;  ///< the search's prior (null: cold starts)
 };
 
 /// The backend options the flags ask for.
@@ -149,6 +178,21 @@ inline ProfilingSession open_profiling(const ProfilingFlags& f, const Workload& 
   install_interrupt_handlers();
   s.cached = std::make_unique<CachedProfiler>(*s.backend, s.store.get());
   if (remote) s.cached->set_parallel(remote);
+  // The prior: the emulator's prediction where asked (or, by default, where the measurements
+  // are real), else the store's related partitions where there is a store.
+  const bool emulator_prior =
+      f.prior == "emulator" || (f.prior == "auto" && (f.backend == "cuda" || f.backend == "trace"));
+  if (emulator_prior) {
+    ProfilerOptions eo = o;
+    eo.noise = 0;
+    eo.time_noise = 0;
+    eo.delay_ms = 0;
+    s.exact = create_profiler("emulator", eo);
+    s.prior = create_search_prior("emulator", {nullptr, w.gpu_name, s.exact.get()});
+  } else if (f.warm_start == "store" && s.store) {
+    s.prior =
+        create_search_prior("store", {s.store.get(), s.backend->gpu().name, nullptr, kRunStartS});
+  }
   if (const auto fixed = s.backend->fixed_freq_mhz()) {
     std::cerr << "kareus: clock control is off: backend '" << s.backend->name()
               << "' measures at the card's current SM clock, " << *fixed
