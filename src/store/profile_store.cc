@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "kareus/error.h"
 #include "kareus/hash.h"
@@ -15,6 +17,11 @@ namespace kareus {
 namespace {
 
 constexpr const char* kFormat = "kareus-profile-store";
+constexpr const char* kCreatePartitionShapes =
+    "CREATE TABLE IF NOT EXISTS partition_shapes("
+    " signature TEXT PRIMARY KEY, partition_key TEXT NOT NULL, compute_flops REAL NOT NULL,"
+    " compute_bytes REAL NOT NULL, collective_bytes REAL NOT NULL,"
+    " group_size INTEGER NOT NULL, slots TEXT NOT NULL)";
 
 struct StmtDeleter {
   void operator()(sqlite3_stmt* s) const { sqlite3_finalize(s); }
@@ -68,6 +75,28 @@ struct ProfileStore::Impl {
     return Stmt(s);
   }
 
+  // SQLite answers a journal-mode switch with SQLITE_BUSY at once, without the busy handler,
+  // while another connection holds the file (https://sqlite.org/wal.html, "Sometimes Queries
+  // Return SQLITE_BUSY In WAL Mode"): several processes opening one new store would fail. The
+  // mode persists in the file, so only a store not yet in WAL switches, and a busy switch is
+  // retried within the busy timeout.
+  void ensure_wal(std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto pause = std::chrono::milliseconds(1);
+    while (single_text("PRAGMA journal_mode") != "wal") {
+      Stmt s = prepare("PRAGMA journal_mode=WAL");
+      const int rc = sqlite3_step(s.get());
+      if (rc == SQLITE_ROW || rc == SQLITE_DONE) continue;
+      if ((rc != SQLITE_BUSY && rc != SQLITE_LOCKED) ||
+          std::chrono::steady_clock::now() > deadline) {
+        fail("PRAGMA journal_mode=WAL", rc);
+      }
+      s.reset();
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::milliseconds(50));
+    }
+  }
+
   std::string single_text(const std::string& sql) {
     Stmt s = prepare(sql);
     const int rc = sqlite3_step(s.get());
@@ -85,7 +114,8 @@ ProfileStore::ProfileStore(const std::string& path) : impl_(std::make_unique<Imp
   const int rc = sqlite3_open_v2(path.c_str(), &impl_->db,
                                  SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr);
   if (rc != SQLITE_OK) impl_->fail("open", rc);
-  sqlite3_busy_timeout(impl_->db, 10000);
+  constexpr std::chrono::milliseconds kBusyTimeout{10000};
+  sqlite3_busy_timeout(impl_->db, static_cast<int>(kBusyTimeout.count()));
   // The first read fails with SQLITE_NOTADB on a file that is not SQLite.
   const std::string tables =
       impl_->single_text("SELECT group_concat(name) FROM sqlite_master WHERE type='table'");
@@ -98,17 +128,19 @@ ProfileStore::ProfileStore(const std::string& path) : impl_(std::make_unique<Imp
     // Several processes may create the same new store at once (`eval --jobs`): one immediate
     // transaction with IF NOT EXISTS makes creation idempotent, and the busy timeout above
     // makes the others wait for it instead of failing.
-    impl_->exec("PRAGMA journal_mode=WAL");
+    impl_->ensure_wal(kBusyTimeout);
     impl_->exec(
-        "BEGIN IMMEDIATE;"
-        "CREATE TABLE IF NOT EXISTS kareus_meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
-        "CREATE TABLE IF NOT EXISTS measurements("
-        " gpu TEXT NOT NULL, backend TEXT NOT NULL, signature TEXT NOT NULL,"
-        " label TEXT NOT NULL, freq_mhz INTEGER NOT NULL, sms INTEGER NOT NULL,"
-        " slot TEXT NOT NULL, time_s REAL NOT NULL, energy_j REAL NOT NULL,"
-        " dynamic_energy_j REAL NOT NULL, static_energy_j REAL NOT NULL,"
-        " measured_at REAL NOT NULL,"
-        " PRIMARY KEY(gpu, backend, signature, freq_mhz, sms, slot));" +
+        std::string(
+            "BEGIN IMMEDIATE;"
+            "CREATE TABLE IF NOT EXISTS kareus_meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+            "CREATE TABLE IF NOT EXISTS measurements("
+            " gpu TEXT NOT NULL, backend TEXT NOT NULL, signature TEXT NOT NULL,"
+            " label TEXT NOT NULL, freq_mhz INTEGER NOT NULL, sms INTEGER NOT NULL,"
+            " slot TEXT NOT NULL, time_s REAL NOT NULL, energy_j REAL NOT NULL,"
+            " dynamic_energy_j REAL NOT NULL, static_energy_j REAL NOT NULL,"
+            " measured_at REAL NOT NULL,"
+            " PRIMARY KEY(gpu, backend, signature, freq_mhz, sms, slot));") +
+        kCreatePartitionShapes + ";" +
         fmt::format("INSERT OR IGNORE INTO kareus_meta VALUES('format', '{}'), ('version', '{}');",
                     kFormat, kFormatVersion) +
         "COMMIT;");
@@ -130,15 +162,14 @@ ProfileStore::ProfileStore(const std::string& path) : impl_(std::make_unique<Imp
                     "reads version {})",
                     path, version, kFormatVersion));
   }
-  impl_->exec("PRAGMA journal_mode=WAL");
+  impl_->ensure_wal(kBusyTimeout);
   impl_->exec("PRAGMA synchronous=NORMAL");
   // Added after format version 1 without a version change: a store without the table reads as
-  // one whose partitions have no recorded shape (they give no warm start), and gets it here.
-  impl_->exec(
-      "CREATE TABLE IF NOT EXISTS partition_shapes("
-      " signature TEXT PRIMARY KEY, partition_key TEXT NOT NULL, compute_flops REAL NOT NULL,"
-      " compute_bytes REAL NOT NULL, collective_bytes REAL NOT NULL,"
-      " group_size INTEGER NOT NULL, slots TEXT NOT NULL)");
+  // one whose partitions have no recorded shape (they give no warm start), and gets it here, in
+  // an immediate transaction so that concurrent openers wait rather than fail.
+  if (!tables.empty() && tables.find("partition_shapes") == std::string::npos) {
+    impl_->exec(std::string("BEGIN IMMEDIATE;") + kCreatePartitionShapes + ";COMMIT;");
+  }
   impl_->find = impl_->prepare(
       "SELECT time_s, energy_j, dynamic_energy_j, static_energy_j FROM measurements WHERE "
       "gpu=?1 AND backend=?2 AND signature=?3 AND freq_mhz=?4 AND sms=?5 AND slot=?6");
