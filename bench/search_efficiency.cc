@@ -136,7 +136,10 @@ kareus::ProfilerOptions emulator_options(const std::string& gpu, double noise, d
 // per-collective latencies by 50-67%, the activity terms of the power model by 40-100% and the
 // HBM clock sensitivity by 67%. Each moves the shape of the response, not only its level.
 kareus::EmulatorParams perturbed_params() {
-  kareus::EmulatorParams p;
+  // The suite's GPU: the kernel efficiencies it resolves to are the A100's.
+  kareus::EmulatorParams p =
+      kareus::EmulatorModel(kareus::gpu_by_name("a100-sxm4-40gb"), {}).params();
+  p.sm_power_w = p.voltage_ratio = p.voltage_knee_mhz = p.power_limit_w = 0;  // the GPU's
   p.gemm_best_efficiency *= 0.92;
   p.attn_fwd_best_efficiency *= 0.90;
   p.attn_bwd_best_efficiency *= 0.90;

@@ -107,33 +107,50 @@ double fit_overlap_slowdown(const Workload& w, EmulatorParams p, double target);
 
 // ---- Partitions measured on a real GPU (`kareus profile --backend cuda`, data/device/).
 
-/// One measured partition against the emulator at the same configuration. The device run
-/// replaced the collective by a local copy of its payload on the same CTAs (docs/cuda.md); the
-/// emulator models the real collective, so rows whose time is dominated by the collective
-/// compare different work and are flagged.
+/// One measured configuration against the emulator at the same configuration. The device ran
+/// the collective as a local copy of its payload on the same CTAs (docs/cuda.md "Proxy"), and
+/// so does the emulation.
 struct DeviceRow {
   std::string workload, partition, slot, reasons;
   int sms = 0;
   int freq_mhz = 0;               ///< requested clock
   int measured_min_freq_mhz = 0;  ///< lowest sampled clock (power capping lowers it)
+  int rounds = 1;                 ///< measurements averaged (repeatability runs)
   double measured_time_s = 0, measured_power_w = 0;
   double emulated_time_s = 0, emulated_power_w = 0;
-  bool collective_dominated = false;  ///< emulated collective ends after 80% of the compute
-  double time_error = 0;              ///< emulated / measured - 1
-  double power_error = 0;             ///< emulated / measured - 1
+  double time_error = 0;   ///< emulated / measured - 1
+  double power_error = 0;  ///< emulated / measured - 1
 };
 
 /// Reads a device run (`partitions` rows with time_s, energy_j, sms, slot, clock fields, and the
-/// `workload` path, resolved against `root` when relative) and emulates every row on the
-/// run's catalogue GPU. Throws InvalidInput naming the file and field.
+/// `workload` path, resolved against `root` when relative), averages the rounds of each
+/// (partition, slot, SMs) and emulates every configuration on the run's catalogue GPU with the
+/// collective as the copy the device ran. Throws InvalidInput naming the file and field.
 std::vector<DeviceRow> evaluate_device_run(const std::string& json_path, const std::string& root,
                                            const EmulatorParams& p);
 
-/// sm_power_w (golden-section search over 100..2000 W) minimizing the mean squared power and
-/// time errors over the rows that are not collective-dominated (time places the capped clock
-/// where power sits at the limit); the other fields of `p` are kept.
-double fit_device_sm_power(const std::vector<std::string>& json_paths, const std::string& root,
-                           const EmulatorParams& p);
+/// A device run shipped in data/device/ (path relative to the source tree) and whether the
+/// H100/H200 fit uses it (the others are held out, never fitted on).
+struct DeviceRunFile {
+  std::string path;
+  bool fit = false;
+};
+/// The H200 runs: Llama 3.2 3B and Llama 3.3 70B partitions (2026-11-29 at 32 SMs, the
+/// repeatability runs of 2026-11-30 at 6, 18 and 32 SMs) fit; every Qwen3 1.7B run (CP2 TP4,
+/// TP8) is held out.
+const std::vector<DeviceRunFile>& device_run_set();
+
+struct DeviceFit {
+  EmulatorParams params;  ///< `p` with the fitted fields replaced
+  double rms = 0;         ///< root mean of the squared time and power errors over the rows
+  int evaluations = 0;
+};
+
+/// sm_power_w and the three best-case kernel efficiencies (GEMM, attention forward and
+/// backward) that minimize the mean squared time and power errors over every configuration of
+/// the runs (pattern search from `p`'s values); the other fields of `p` are kept.
+DeviceFit fit_device_params(const std::vector<std::string>& json_paths, const std::string& root,
+                            const EmulatorParams& p);
 
 struct CalibrationResult {
   EmulatorParams params;

@@ -20,12 +20,13 @@ namespace kareus {
 struct EmulatorParams {
   // Compute. Efficiencies are fractions of the bf16 tensor peak at the running clock,
   // multiplied by `achieved_fraction` (fitted: how far a real training step is from
-  // best-case microbenchmarks).
-  double gemm_best_efficiency = 0.87;      ///< cuBLAS best shape, A100: 271/312 TFLOP/s
-  double attn_fwd_best_efficiency = 0.73;  ///< FlashAttention-2 forward on A100
-  double attn_bwd_best_efficiency = 0.58;  ///< FlashAttention-2 backward on A100
-  double achieved_fraction = 0.885519;     ///< fitted
-  double gemm_tile_m = 128;                ///< CTA tile for wave quantization
+  // best-case microbenchmarks). The best-case efficiencies are per GPU (GpuSpec); a value > 0
+  // here overrides the GPU's.
+  double gemm_best_efficiency = 0;      ///< 0: the GPU's
+  double attn_fwd_best_efficiency = 0;  ///< 0: the GPU's
+  double attn_bwd_best_efficiency = 0;  ///< 0: the GPU's
+  double achieved_fraction = 0.885519;  ///< fitted
+  double gemm_tile_m = 128;             ///< CTA tile for wave quantization
   double gemm_tile_n = 256;
   double gemm_k_half = 64;               ///< K at which the main loop reaches half efficiency
   double attn_tile_q = 128;              ///< query rows per CTA

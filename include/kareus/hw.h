@@ -43,6 +43,13 @@ struct GpuSpec {
   double sm_power_w = 0;        ///< W, every SM fully active at max_freq_mhz and its voltage
   double voltage_ratio = 1;     ///< V(max_freq_mhz) / V_floor
   double voltage_knee_mhz = 0;  ///< MHz, highest clock at the voltage floor
+  // Best-case kernel efficiencies: fractions of the bf16 peak at the running clock that the
+  // library kernels reach on their best shapes (the emulator multiplies them by its
+  // achieved_fraction, wave and tile quantization). kernel_source says where they come from.
+  double gemm_best_efficiency = 0;
+  double attn_fwd_best_efficiency = 0;
+  double attn_bwd_best_efficiency = 0;
+  std::string kernel_source;
   /// Time (s) from requesting a new locked SM clock until kernels run at it; the planner and
   /// the iteration replay charge it as a stall at static power per clock change.
   double clock_switch_s = 0;

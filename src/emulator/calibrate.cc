@@ -18,6 +18,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 #include "csv_rows.h"
 #include "kareus/error.h"
@@ -335,6 +336,60 @@ double fit_overlap_slowdown(const Workload& w, EmulatorParams p, double target) 
 
 // ---- Device runs.
 
+namespace {
+
+// What the device ran for a collective: a device-to-device copy of its payload (an all-to-all:
+// of the (n-1)/n that leaves the GPU) on the collective's CTAs (docs/cuda.md "Proxy"), a
+// memory-bound kernel reading and writing those bytes.
+Kernel copy_proxy(const Kernel& coll) {
+  Kernel k;
+  k.name = coll.name + "_copy_proxy";
+  k.kind = OpKind::kElementwise;
+  const double n = std::max(1, coll.group_size);
+  const double bytes = coll.collective == CollectiveKind::kAllToAll
+                           ? coll.payload_bytes * (n - 1) / n
+                           : coll.payload_bytes;
+  k.bytes_read = bytes;
+  k.bytes_written = bytes;
+  return k;
+}
+
+struct Free {
+  double* value;
+  double lo, hi;
+};
+
+// The pattern search of every fit here: per parameter, a step up or down in log space is kept
+// when it lowers the objective; the step halves when none does. `evaluations` is the
+// objective's own counter. Returns the best objective.
+double pattern_search(const std::vector<Free>& knobs, const std::function<double()>& objective,
+                      const int& evaluations, int max_evaluations) {
+  double best = objective();
+  double step = 0.2;
+  while (step > 1e-4 && evaluations < max_evaluations) {
+    bool improved = false;
+    for (const auto& k : knobs) {
+      for (double dir : {+1.0, -1.0}) {
+        const double old = *k.value;
+        const double cand = std::clamp(old * std::exp(dir * step), k.lo, k.hi);
+        if (cand == old) continue;
+        *k.value = cand;
+        const double obj = objective();
+        if (obj < best - 1e-12) {
+          best = obj;
+          improved = true;
+          break;
+        }
+        *k.value = old;
+      }
+    }
+    if (!improved) step *= 0.5;
+  }
+  return best;
+}
+
+}  // namespace
+
 std::vector<DeviceRow> evaluate_device_run(const std::string& json_path, const std::string& root,
                                            const EmulatorParams& p) {
   std::ifstream in(json_path);
@@ -354,29 +409,58 @@ std::vector<DeviceRow> evaluate_device_run(const std::string& json_path, const s
     const PartitionSet ps = partition_workload(w);
     const EmulatorModel m(w.gpu(), p);
     const int requested = j.at("clock_mhz").get<int>();
+    // A repeatability run measures every configuration in several rounds: one row per
+    // configuration, the mean time and energy over its rounds.
+    std::map<std::tuple<std::string, std::string, int>, std::size_t> index;
+    std::vector<int> rounds;
+    std::vector<double> energy_sum_j;
     for (const auto& row : j.at("partitions")) {
+      const std::string partition = row.at("partition").get<std::string>();
+      const std::string slot = row.at("slot").get<std::string>();
+      const int sms = row.at("sms").get<int>();
+      const double time_s = row.at("time_s").get<double>();
+      const double energy_j = row.at("energy_j").get<double>();
+      const int clock_mhz = row.value("clock_mhz", requested);
+      const std::string reasons = row.value("clock_event_reasons", std::string());
+      const auto key = std::make_tuple(partition, slot, sms);
+      auto it = index.find(key);
+      if (it != index.end()) {
+        DeviceRow& d = out[it->second];
+        ++rounds[it->second];
+        d.measured_time_s += time_s;
+        energy_sum_j[it->second] += energy_j;
+        d.measured_min_freq_mhz = std::min(d.measured_min_freq_mhz, clock_mhz);
+        if (d.reasons.find(reasons) == std::string::npos) d.reasons += "," + reasons;
+        continue;
+      }
+      index[key] = out.size();
       DeviceRow d;
       d.workload = w.name;
-      d.partition = row.at("partition").get<std::string>();
-      d.slot = row.at("slot").get<std::string>();
-      d.reasons = row.value("clock_event_reasons", std::string());
-      d.sms = row.at("sms").get<int>();
+      d.partition = partition;
+      d.slot = slot;
+      d.reasons = reasons;
+      d.sms = sms;
       d.freq_mhz = requested;
-      d.measured_min_freq_mhz = row.value("clock_mhz", requested);
-      d.measured_time_s = row.at("time_s").get<double>();
-      d.measured_power_w = row.at("energy_j").get<double>() / d.measured_time_s;
-      PartitionConfig c;
-      c.freq_mhz = requested;
-      c.sms = d.sms;
-      c.slot = d.slot;
+      d.measured_min_freq_mhz = clock_mhz;
+      d.measured_time_s = time_s;
+      out.push_back(d);
+      rounds.push_back(1);
+      energy_sum_j.push_back(energy_j);
+    }
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      DeviceRow& d = out[i];
+      d.rounds = rounds[i];
+      d.measured_power_w = energy_sum_j[i] / d.measured_time_s;  // both summed over rounds
+      d.measured_time_s /= rounds[i];
       const Partition& part = ps.partition(d.partition);
-      const SimResult r = m.simulate_partition(part, c);
+      std::vector<Kernel> chain{copy_proxy(part.collective)};
+      for (const auto& k : part.comm_tail) chain.push_back(k.is_collective() ? copy_proxy(k) : k);
+      const SimResult r = m.simulate_overlap(part.compute_ops, nullptr, part.slot(d.slot).op_index,
+                                             d.sms, d.freq_mhz, chain);
       d.emulated_time_s = r.time_s;
       d.emulated_power_w = r.dynamic_energy_j / r.time_s + w.gpu().static_power_w;
-      d.collective_dominated = r.collective_end_s > 0.8 * r.compute_end_s;
       d.time_error = d.emulated_time_s / d.measured_time_s - 1.0;
       d.power_error = d.emulated_power_w / d.measured_power_w - 1.0;
-      out.push_back(d);
     }
   } catch (const nlohmann::json::exception& e) {
     throw InvalidInput(fmt::format("{}: missing or malformed field: {}", json_path, e.what()));
@@ -384,46 +468,60 @@ std::vector<DeviceRow> evaluate_device_run(const std::string& json_path, const s
   return out;
 }
 
-double fit_device_sm_power(const std::vector<std::string>& json_paths, const std::string& root,
-                           const EmulatorParams& p) {
-  auto rms = [&](double sm_power_w) {
-    EmulatorParams q = p;
-    q.sm_power_w = sm_power_w;
+const std::vector<DeviceRunFile>& device_run_set() {
+  static const std::vector<DeviceRunFile> runs = {
+      {"data/device/h200_2026-11-29_llama3.2-3b_tp8_mbs8_seq4096.json", true},
+      {"data/device/h200_2026-11-29_llama3.3-70b_tp8_mbs2_seq4096.json", true},
+      {"data/device/h200_2026-11-30_rep_3b.json", true},
+      {"data/device/h200_2026-11-30_rep_3b_w5.json", true},
+      {"data/device/h200_2026-11-30_rep_70b.json", true},
+      {"data/device/h200_2026-11-30_rep_70b_w5.json", true},
+      {"data/device/h200_2026-11-29_qwen3-1.7b_cp2tp4_mbs8_seq4096.json", false},
+      {"data/device/h200_2026-11-30_rep_q_w5.json", false},
+  };
+  return runs;
+}
+
+DeviceFit fit_device_params(const std::vector<std::string>& json_paths, const std::string& root,
+                            const EmulatorParams& p) {
+  DeviceFit fit;
+  fit.params = p;
+  if (json_paths.empty()) return fit;
+  {
+    // Start from the values in effect on the runs' GPU (p's zero fields are the GPU's).
+    std::ifstream in(json_paths.front());
+    std::string gpu;
+    try {
+      gpu = nlohmann::json::parse(in).at("catalogue_gpu").get<std::string>();
+    } catch (const nlohmann::json::exception& e) {
+      throw InvalidInput(
+          fmt::format("{}: missing or malformed field: {}", json_paths.front(), e.what()));
+    }
+    fit.params = EmulatorModel(gpu_by_name(gpu), p).params();
+  }
+  // Every measured configuration weighs the same; power and time alike (once a row sits at the
+  // cap, power alone cannot place sm_power_w: any larger value gives the limit, while how far
+  // the cap lowers the clock, and so the time, can).
+  auto objective = [&]() {
     double s = 0;
     int n = 0;
     for (const auto& path : json_paths) {
-      for (const auto& d : evaluate_device_run(path, root, q)) {
-        if (d.collective_dominated) continue;
-        // Power alone cannot place sm_power_w once a row sits at the cap (any larger value
-        // gives the limit); how far the cap lowers the clock, and so the time, can.
+      for (const auto& d : evaluate_device_run(path, root, fit.params)) {
         s += d.power_error * d.power_error + d.time_error * d.time_error;
         ++n;
       }
     }
+    ++fit.evaluations;
     return n > 0 ? s / n : 0.0;
   };
-  // Golden-section search: the error is unimodal in sm_power_w (power grows with it until the
-  // cap, then the capped clock falls).
-  const double g = (std::sqrt(5.0) - 1) / 2;
-  double a = 100, b = 2000;
-  double x1 = b - g * (b - a), x2 = a + g * (b - a);
-  double f1 = rms(x1), f2 = rms(x2);
-  while (b - a > 0.5) {
-    if (f1 < f2) {
-      b = x2;
-      x2 = x1;
-      f2 = f1;
-      x1 = b - g * (b - a);
-      f1 = rms(x1);
-    } else {
-      a = x1;
-      x1 = x2;
-      f1 = f2;
-      x2 = a + g * (b - a);
-      f2 = rms(x2);
-    }
-  }
-  return 0.5 * (a + b);
+  // Bounds: physical, and wide around the published H100 figures (calibrate.h).
+  const std::vector<Free> knobs = {{&fit.params.sm_power_w, 100, 2000},
+                                   {&fit.params.gemm_best_efficiency, 0.5, 0.95},
+                                   {&fit.params.attn_fwd_best_efficiency, 0.3, 0.9},
+                                   {&fit.params.attn_bwd_best_efficiency, 0.3, 0.9}};
+  const double best = pattern_search(knobs, objective, fit.evaluations, 2000);
+  fit.rms = std::sqrt(best);
+  return fit;
 }
 
 namespace {
@@ -487,39 +585,11 @@ CalibrationResult calibrate(const Workload& w, const std::vector<CalibrationTarg
     ++res.evaluations;
     return obj;
   };
-  double best = objective();
-  std::vector<std::pair<const char*, double*>> knobs;
-  std::vector<std::pair<double, double>> bounds;
-  for (const auto& k : kKnobs) {
-    knobs.push_back({k.name, fields.at(k.name)});
-    bounds.push_back({k.lo, k.hi});
-  }
-  if (!fit.empty()) {
-    knobs.push_back({"stage_power_limit_w", &limit});
-    bounds.push_back({400, 600});  // A100 SXM boards ship at 400 W; some HGX boards at 500 W
-  }
-  double step = 0.2;  // log-space step
-  while (step > 1e-4 && res.evaluations < 3000) {
-    bool improved = false;
-    for (std::size_t i = 0; i < knobs.size(); ++i) {
-      double* v = knobs[i].second;
-      for (double dir : {+1.0, -1.0}) {
-        const double old = *v;
-        const double cand =
-            std::clamp(old * std::exp(dir * step), bounds[i].first, bounds[i].second);
-        if (cand == old) continue;
-        *v = cand;
-        const double obj = objective();
-        if (obj < best - 1e-12) {
-          best = obj;
-          improved = true;
-          break;
-        }
-        *v = old;
-      }
-    }
-    if (!improved) step *= 0.5;
-  }
+  std::vector<Free> knobs;
+  for (const auto& k : kKnobs) knobs.push_back({fields.at(k.name), k.lo, k.hi});
+  // A100 SXM boards ship at 400 W; some HGX boards at 500 W.
+  if (!fit.empty()) knobs.push_back({&limit, 400, 600});
+  pattern_search(knobs, objective, res.evaluations, 3000);
   cur.overlap_slowdown = fit_overlap_slowdown(w, cur, kPublishedOverlapSlowdown);
   CalibrationResult out = evaluate_calibration(
       w, targets, cur, fit.empty() ? kStagePowerLimitPriorW : limit, fit, held_out);

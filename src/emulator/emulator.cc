@@ -130,11 +130,19 @@ struct EmulatorModel::Rates {
 };
 
 EmulatorModel::EmulatorModel(const GpuSpec& gpu, EmulatorParams params) : gpu_(gpu), p_(params) {
-  // The clock-power curve and the power limit are the GPU's unless overridden.
+  // The clock-power curve, the power limit and the kernel efficiencies are the GPU's unless
+  // overridden.
   if (p_.sm_power_w <= 0) p_.sm_power_w = gpu_.sm_power_w;
   if (p_.voltage_ratio <= 0) p_.voltage_ratio = gpu_.voltage_ratio;
   if (p_.voltage_knee_mhz <= 0) p_.voltage_knee_mhz = gpu_.voltage_knee_mhz;
   if (p_.power_limit_w <= 0) p_.power_limit_w = gpu_.power_limit_w;
+  if (p_.gemm_best_efficiency <= 0) p_.gemm_best_efficiency = gpu_.gemm_best_efficiency;
+  if (p_.attn_fwd_best_efficiency <= 0) p_.attn_fwd_best_efficiency = gpu_.attn_fwd_best_efficiency;
+  if (p_.attn_bwd_best_efficiency <= 0) p_.attn_bwd_best_efficiency = gpu_.attn_bwd_best_efficiency;
+  if (!(p_.gemm_best_efficiency > 0) || !(p_.attn_fwd_best_efficiency > 0) ||
+      !(p_.attn_bwd_best_efficiency > 0)) {
+    throw InvalidInput(fmt::format("{}: the emulator needs kernel efficiencies > 0", gpu_.name));
+  }
   if (!(p_.sm_power_w > 0) || !(p_.voltage_ratio >= 1) || !(p_.power_limit_w > 0)) {
     throw InvalidInput(fmt::format(
         "{}: the emulator needs sm_power_w > 0, voltage_ratio >= 1 and power_limit_w > 0 (got "

@@ -40,6 +40,13 @@ TEST(Catalogue, EveryEntryIsComplete) {
     EXPECT_LT(g.static_power_w, g.tdp_w) << name;
     EXPECT_TRUE(g.supports_freq(g.search_max_freq_mhz)) << name;
     EXPECT_TRUE(g.supports_freq(g.search_min_freq_mhz)) << name;
+    // Best-case kernel efficiencies are fractions of the peak, forward attention above
+    // backward (FlashAttention-2 and cuDNN on A100 and H100), each with its source.
+    EXPECT_GT(g.gemm_best_efficiency, 0.5) << name;
+    EXPECT_LT(g.gemm_best_efficiency, 1.0) << name;
+    EXPECT_GT(g.attn_fwd_best_efficiency, g.attn_bwd_best_efficiency) << name;
+    EXPECT_GT(g.attn_bwd_best_efficiency, 0.3) << name;
+    EXPECT_FALSE(g.kernel_source.empty()) << name;
   }
   EXPECT_EQ(gpu_names().size(), 5u);
 }

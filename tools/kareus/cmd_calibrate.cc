@@ -111,18 +111,10 @@ std::string profile_text(const StageProfileResult& r, const std::string& part, b
   return out + c.render();
 }
 
-/// The H200 partitions measured on 2026-11-29 (docs/cuda.md): the first two files fit the
-/// H100/H200 sm_power_w, the third is held out.
-const std::vector<std::string> kDeviceRuns = {
-    "data/device/h200_2026-11-29_llama3.2-3b_tp8_mbs8_seq4096.json",
-    "data/device/h200_2026-11-29_llama3.3-70b_tp8_mbs2_seq4096.json",
-    "data/device/h200_2026-11-29_qwen3-1.7b_cp2tp4_mbs8_seq4096.json"};
-constexpr std::size_t kDeviceFitFiles = 2;
-
 struct DevicePart {
   std::string label;
   std::vector<DeviceRow> rows;
-  double time_rms = 0, power_rms = 0;  ///< over rows that are not collective-dominated
+  double time_rms = 0, power_rms = 0;
 };
 
 DevicePart device_part(const std::string& label, const std::vector<std::string>& files,
@@ -133,7 +125,6 @@ DevicePart device_part(const std::string& label, const std::vector<std::string>&
   for (const auto& f : files) {
     for (const auto& r : evaluate_device_run(f, root, p)) {
       d.rows.push_back(r);
-      if (r.collective_dominated) continue;
       d.time_rms += r.time_error * r.time_error;
       d.power_rms += r.power_error * r.power_error;
       ++n;
@@ -145,18 +136,18 @@ DevicePart device_part(const std::string& label, const std::vector<std::string>&
 }
 
 std::string device_text(const DevicePart& d) {
-  TextTable t({"workload", "partition", "measured ms", "emulated ms", "error", "measured W",
-               "emulated W", "error", "min MHz", "reasons", "note"});
+  TextTable t({"workload", "partition", "SMs", "rounds", "measured ms", "emulated ms", "error",
+               "measured W", "emulated W", "error", "min MHz", "reasons"});
   for (const auto& r : d.rows) {
-    t.add_row({r.workload, r.partition, fmt::format("{:.3f}", 1e3 * r.measured_time_s),
+    t.add_row({r.workload, r.partition, std::to_string(r.sms), std::to_string(r.rounds),
+               fmt::format("{:.3f}", 1e3 * r.measured_time_s),
                fmt::format("{:.3f}", 1e3 * r.emulated_time_s), pct(r.time_error),
                fmt::format("{:.0f}", r.measured_power_w), fmt::format("{:.0f}", r.emulated_power_w),
-               pct(r.power_error), std::to_string(r.measured_min_freq_mhz), r.reasons,
-               r.collective_dominated ? "collective-dominated, excluded" : ""});
+               pct(r.power_error), std::to_string(r.measured_min_freq_mhz), r.reasons});
   }
   return fmt::format(
-             "H200 partitions at 1980 MHz ({}): time RMS {:.1f}%, power RMS {:.1f}% "
-             "(rows not collective-dominated)\n",
+             "H200 partitions at 1980 MHz requested, collective as the copy proxy ({}): time RMS "
+             "{:.1f}%, power RMS {:.1f}%\n",
              d.label, 100 * d.time_rms, 100 * d.power_rms) +
          t.render();
 }
@@ -177,8 +168,9 @@ nlohmann::json device_json(const DevicePart& d) {
                          {"emulated_power_w", r.emulated_power_w},
                          {"power_error", r.power_error},
                          {"measured_min_freq_mhz", r.measured_min_freq_mhz},
-                         {"reasons", r.reasons},
-                         {"collective_dominated", r.collective_dominated}});
+                         {"sms", r.sms},
+                         {"rounds", r.rounds},
+                         {"reasons", r.reasons}});
   }
   return j;
 }
@@ -391,36 +383,44 @@ void register_calibrate(CLI::App& app, Action& action) {
                        : calibrate(w, targets, calibration_prior(), fit, held_out);
       EmulatorParams p = r.params;
       auto fields = p.fields();
-      // H200: the A100 fit with the H200 catalogue curve, then sm_power_w refitted on the
-      // measured partitions (the voltage curve below 1980 MHz stays the catalogue estimate).
-      // The runs name their workload relative to the source tree: resolve it where the run was
-      // found.
-      const std::string first = shipped_path(kDeviceRuns[0]);
+      // H100/H200: the A100 fit with the H200 catalogue values, then sm_power_w and the kernel
+      // efficiencies refitted on the measured partitions of the fit runs (the voltage curve
+      // below 1980 MHz stays the catalogue estimate). The runs name their workload relative to
+      // the source tree: resolve it where the first run was found.
+      const std::string first_run = device_run_set().front().path;
+      const std::string first = shipped_path(first_run);
       const std::string root =
-          first == kDeviceRuns[0] ? "." : first.substr(0, first.size() - kDeviceRuns[0].size() - 1);
+          first == first_run ? "." : first.substr(0, first.size() - first_run.size() - 1);
       std::vector<std::string> dev_fit, dev_held;
-      for (std::size_t i = 0; i < kDeviceRuns.size(); ++i) {
-        const std::string path = shipped_path(kDeviceRuns[i]);
+      for (const auto& run : device_run_set()) {
+        const std::string path = shipped_path(run.path);
         check_input_file("device run", path);
-        (i < kDeviceFitFiles ? dev_fit : dev_held).push_back(path);
+        (run.fit ? dev_fit : dev_held).push_back(path);
       }
       EmulatorParams hp = r.params;
-      hp.sm_power_w = 0;  // the H200's curve, not the A100's
-      hp.voltage_ratio = 0;
-      hp.voltage_knee_mhz = 0;
-      hp.power_limit_w = 0;
-      const double h200_sm_power_w =
-          args->no_fit ? EmulatorModel(gpu_by_name("h200"), hp).params().sm_power_w
-                       : fit_device_sm_power(dev_fit, root, hp);
-      const EmulatorParams committed_h200 = hp;
-      hp.sm_power_w = h200_sm_power_w;
+      // The H200's curve and kernels, not the A100's.
+      for (double EmulatorParams::*f :
+           {&EmulatorParams::sm_power_w, &EmulatorParams::voltage_ratio,
+            &EmulatorParams::voltage_knee_mhz, &EmulatorParams::power_limit_w,
+            &EmulatorParams::gemm_best_efficiency, &EmulatorParams::attn_fwd_best_efficiency,
+            &EmulatorParams::attn_bwd_best_efficiency}) {
+        hp.*f = 0;
+      }
+      const EmulatorParams committed_h200 = EmulatorModel(gpu_by_name("h200"), hp).params();
+      if (!args->no_fit) hp = fit_device_params(dev_fit, root, hp).params;
+      const EmulatorParams fitted_h200 = EmulatorModel(gpu_by_name("h200"), hp).params();
       const DevicePart dev_fit_part = device_part("fit", dev_fit, root, hp);
       const DevicePart dev_held_part = device_part("held out", dev_held, root, hp);
+      const std::pair<const char*, double EmulatorParams::*> kHopperFitted[] = {
+          {"sm_power_w", &EmulatorParams::sm_power_w},
+          {"gemm_best_efficiency", &EmulatorParams::gemm_best_efficiency},
+          {"attn_fwd_best_efficiency", &EmulatorParams::attn_fwd_best_efficiency},
+          {"attn_bwd_best_efficiency", &EmulatorParams::attn_bwd_best_efficiency}};
       if (json) {
         nlohmann::json j;
         for (const auto& name : r.fitted) j["fitted"][name] = *fields.at(name);
         j["stage_power_limit_w"] = r.stage_power_limit_w;
-        j["h200_sm_power_w"] = h200_sm_power_w;
+        for (const auto& [name, f] : kHopperFitted) j["h100_h200"][name] = fitted_h200.*f;
         j["device_fit"] = device_json(dev_fit_part);
         j["device_held_out"] = device_json(dev_held_part);
         for (const auto& x : r.residuals) {
@@ -467,9 +467,12 @@ void register_calibrate(CLI::App& app, Action& action) {
       for (const auto& x : r.held_out) {
         std::cout << "\n" << profile_text(x, "held out", args->per_clock);
       }
-      std::cout << fmt::format(
-          "\nH100/H200 sm_power_w fitted on the H200 runs: {:.1f} W (catalogue: {:.1f} W)\n",
-          h200_sm_power_w, EmulatorModel(gpu_by_name("h200"), committed_h200).params().sm_power_w);
+      std::cout << fmt::format("\nH100/H200 on the H200 runs ({}):\n",
+                               args->no_fit ? "catalogue values" : "fitted; catalogue in brackets");
+      for (const auto& [name, f] : kHopperFitted) {
+        std::cout << fmt::format("  {:<26} {:.6g}  ({:.6g})\n", name, fitted_h200.*f,
+                                 committed_h200.*f);
+      }
       std::cout << device_text(dev_fit_part) << "\n" << device_text(dev_held_part);
       return 0;
     };
