@@ -110,6 +110,10 @@ struct PartitionSearchSummary {
   bool screened = false;
   int confirmed = 0;
   int completion_points = 0;  ///< measured by PlannerOptions::clock_completion
+  /// The search's prior (SearchResult::prior: "none" for a cold start, also when the prior
+  /// knew nothing of this partition) and whether it seeded the initial design.
+  std::string prior = "none";
+  bool prior_seeded = false;
 };
 
 /// Time and dynamic energy of a segment that runs once (a message between stages, a

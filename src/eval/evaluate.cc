@@ -372,7 +372,9 @@ nlohmann::json profiling_json(const WorkloadEvaluation& e) {
     nlohmann::json pj = {{"key", s.key},
                          {"space", s.space},
                          {"evaluations", s.evaluations},
-                         {"coverage_points", s.coverage_points}};
+                         {"coverage_points", s.coverage_points},
+                         {"prior", s.prior},
+                         {"prior_seeded", s.prior_seeded}};
     if (s.screened) pj["confirmed"] = s.confirmed;  // evaluations were screening measurements
     if (s.completion_points > 0) pj["completion_points"] = s.completion_points;
     j["partitions"].push_back(std::move(pj));

@@ -267,7 +267,11 @@ nlohmann::json planner_to_json(const PlannerOptions& o) {
           {"per_layer", o.per_layer},
           {"freqs_mhz", o.freqs_mhz},
           {"clock_switch_s", o.clock_switch_s},
-          {"min_clock_hold_s", o.min_clock_hold_s}};
+          {"min_clock_hold_s", o.min_clock_hold_s},
+          // What the searches knew before measuring: a frontier planned with a warm start or
+          // the emulator as prior is not the cold-start one.
+          {"prior", o.search.prior ? o.search.prior->name() : std::string("none")},
+          {"clock_completion", o.clock_completion}};
 }
 
 }  // namespace

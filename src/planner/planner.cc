@@ -222,6 +222,8 @@ const std::vector<PartitionSearchSummary>& Planner::search_partitions() {
     done_before += static_cast<std::size_t>(r.evaluations);
     PartitionSearchSummary s{p.key, spaces[i].size(),   r.evaluations, r.resumed,
                              0,     screen_ != nullptr, confirmed};
+    s.prior = r.prior;
+    s.prior_seeded = r.prior_seeded;
     if (o_.clock_completion) s.completion_points = complete_clocks(p, spaces[i], r);
     PartitionFronts fronts;
     for (const auto& [f, idx] : r.fronts_per_frequency()) {

@@ -440,5 +440,33 @@ TEST(Cli, SearchWarmStartFromTheStoreAndTheEmulatorPrior) {
   EXPECT_NE(bad_prior.err.find("--prior"), std::string::npos) << bad_prior.err;
 }
 
+// What the searches knew is part of the result: optimize --json names each partition's prior
+// and frontier.json records it with the planning options, so a warm-started frontier is not
+// mistaken for a cold one.
+TEST(Cli, OptimizeRecordsThePriorPerPartitionAndInTheFrontier) {
+  test::TempDir tmp;
+  const std::string qwen = test::paper_workload("qwen3-1.7b_tp8_mbs8_seq4096");
+  auto optimize = [&](const std::string& out, const std::string& extra) {
+    const auto r = test::run_cli("optimize " + qwen + " --budget 28 --quiet --json --out " +
+                                 tmp.file(out) + extra);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    std::ifstream in(tmp.file(out + "/frontier.json"));
+    return std::make_pair(nlohmann::json::parse(r.out), nlohmann::json::parse(in));
+  };
+  const auto [cold, cold_frontier] = optimize("cold", "");
+  const auto [prior, prior_frontier] = optimize("prior", " --prior emulator");
+  EXPECT_EQ(cold_frontier["planner"]["prior"], "none");
+  EXPECT_EQ(prior_frontier["planner"]["prior"], "emulator");
+  EXPECT_EQ(prior_frontier["planner"]["clock_completion"], false);
+  ASSERT_FALSE(cold["profiling"]["partitions"].empty());
+  ASSERT_EQ(cold["profiling"]["partitions"].size(), prior["profiling"]["partitions"].size());
+  for (const auto& p : cold["profiling"]["partitions"]) {
+    EXPECT_EQ(p["prior"], "none") << p["key"];
+    EXPECT_EQ(p["prior_seeded"], false) << p["key"];
+  }
+  // The emulator knows every partition: each search used it.
+  for (const auto& p : prior["profiling"]["partitions"]) EXPECT_EQ(p["prior"], "emulator");
+}
+
 }  // namespace
 }  // namespace kareus
