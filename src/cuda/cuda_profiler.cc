@@ -299,6 +299,7 @@ ProtocolResult CudaProfiler::measure_plan(const std::string& what, const Executi
     last_ = run_protocol(target, copt_.protocol, expected);
   }
   last_proxy_ = proxy && (plan.overlap.has_value() || group > 1);
+  last_ranks_ = ranks;
   if (!last_.stable) {
     std::fprintf(stderr,
                  "kareus: warning: %s measured UNSTABLE after %d attempts (kept as measured): "
@@ -329,6 +330,12 @@ void CudaProfiler::check_observed_clock(const std::string& what, const ProtocolR
                "kareus: warning: %s ran at %d MHz (grid %d MHz) but is stored under the start-up "
                "clock %d MHz\n",
                what.c_str(), r.clock_mhz, window, fixed);
+}
+
+double CudaProfiler::last_host_enqueue_s(int iterations) {
+  if (last_ranks_ == 0)
+    throw InternalError("CudaProfiler::last_host_enqueue_s before a measurement");
+  return executor_for(last_ranks_).host_enqueue_s(iterations);
 }
 
 Measurement CudaProfiler::measure(const Partition& p, const PartitionConfig& c) {

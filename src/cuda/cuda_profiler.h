@@ -59,6 +59,9 @@ class CudaProfiler : public Profiler {
   const ProtocolResult& last_result() const { return last_; }
   /// Whether the last measurement ran its collective as the copy proxy.
   bool last_was_proxy() const { return last_proxy_; }
+  /// Host seconds to enqueue one iteration of the last measured plan, over `iterations`
+  /// (GroupExecutor::host_enqueue_s); the plan stays prepared after a measurement.
+  double last_host_enqueue_s(int iterations);
   const std::vector<DeviceInfo>& devices() const { return info_; }
   /// Raw observed loaded clock (MHz) before snapping; 0 until fixed_freq_mhz() ran.
   int observed_clock_mhz() const { return observed_raw_mhz_; }
@@ -91,6 +94,7 @@ class CudaProfiler : public Profiler {
   mutable int observed_raw_mhz_ = 0;
   ProtocolResult last_;
   bool last_proxy_ = false;
+  int last_ranks_ = 0;  ///< executor_for() of the last measurement; 0 before one
 };
 
 }  // namespace kareus::cuda

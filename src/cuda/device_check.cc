@@ -79,6 +79,11 @@ std::pair<double, double> mean_cv(const std::vector<double>& v) {
   return {mean, std::sqrt(ss / static_cast<double>(v.size() - 1)) / mean};
 }
 
+// Iterations of the host-enqueue timing: few enough that their launches (about 10 per
+// iteration, a few dozen for mixture-of-experts partitions) stay below the CUDA launch queue's
+// depth (about 1024), so the host never waits.
+constexpr int kHostEnqueueIterations = 8;
+
 // What measure_partitions() measures: partitions, the SM counts of each, rounds, and how the
 // JSON rows are filed.
 struct PartitionRows {
@@ -95,8 +100,9 @@ struct PartitionRows {
 std::string measure_partitions(const PartitionRows& rows, CudaProfiler& prof,
                                const std::string& mapped, int clock, nlohmann::json& j) {
   const EmulatorModel model(prof.gpu());
-  TextTable t({"partition", "sms", "round", "time_s", "energy_j", "power_w", "clock_mhz min..max",
-               "reasons", "temp_c", "emulator time_s", "emulator energy_j", "stable"});
+  TextTable t({"partition", "sms", "round", "time_s", "host_s", "energy_j", "power_w",
+               "clock_mhz min..max", "reasons", "temp_c", "emulator time_s", "emulator energy_j",
+               "stable"});
   // (partition, SMs) -> the rounds' times, energies and lowest clocks, in first-seen order.
   struct Point {
     std::string partition;
@@ -114,7 +120,10 @@ std::string measure_partitions(const PartitionRows& rows, CudaProfiler& prof,
         c.sms = sms;
         c.slot = p.slots.at(0).name;
         const Measurement m = prof.measure(p, c);
-        const ProtocolResult& r = prof.last_result();
+        const ProtocolResult r = prof.last_result();
+        // Whether the host keeps up: above the device time per iteration, the window measured
+        // the host's launch rate rather than the partition (docs/cuda.md).
+        const double host_s = prof.last_host_enqueue_s(kHostEnqueueIterations);
         if (round == 0) points.push_back({p.key, sms, {}, {}, {}});
         Point& pt = points.at(k++);
         pt.time_s.push_back(m.time_s);
@@ -138,7 +147,8 @@ std::string measure_partitions(const PartitionRows& rows, CudaProfiler& prof,
             {"attempts", r.attempts},
             {"stable", r.stable},
             {"attention", sdpa::attention_path().backend()},
-            {"note", r.note}};
+            {"note", r.note},
+            {"host_enqueue_s", host_s}};
         std::string pred_t = "-", pred_e = "-";
         if (!mapped.empty()) {
           const SimResult s = model.simulate_partition(p, c);
@@ -150,8 +160,8 @@ std::string measure_partitions(const PartitionRows& rows, CudaProfiler& prof,
         }
         j[rows.json_key].push_back(row);
         t.add_row({p.key, std::to_string(c.sms), std::to_string(round),
-                   fmt::format("{:.5f}", m.time_s), fmt::format("{:.3f}", m.energy_j),
-                   fmt::format("{:.0f}", m.energy_j / m.time_s),
+                   fmt::format("{:.5f}", m.time_s), fmt::format("{:.5f}", host_s),
+                   fmt::format("{:.3f}", m.energy_j), fmt::format("{:.0f}", m.energy_j / m.time_s),
                    fmt::format("{}..{}", r.clock_mhz, r.clock_max_mhz),
                    nvml::ClockEventReasons{r.throttle_mask}.describe(),
                    fmt::format("{:.0f}->{:.0f}", r.temperature_before_c, r.temperature_after_c),

@@ -733,6 +733,17 @@ struct GroupExecutor::Impl {
     return max_s;
   }
 
+  double host_enqueue_s(int iterations) {
+    if (plan_key.empty()) throw InternalError("GroupExecutor::host_enqueue_s before prepare");
+    if (iterations < 1) throw InternalError("GroupExecutor::host_enqueue_s needs >= 1 iteration");
+    wait();
+    const auto start = std::chrono::steady_clock::now();
+    for (int it = 0; it < iterations; ++it) enqueue_iteration();
+    const std::chrono::duration<double> host = std::chrono::steady_clock::now() - start;
+    wait();
+    return host.count() / iterations;
+  }
+
   void wait() {
     for (auto& r : ranks) {
       KAREUS_CUDA(cudaSetDevice(r.device));
@@ -853,6 +864,7 @@ void GroupExecutor::prepare(const ExecutionPlan& plan, int sms, bool proxy) {
   impl_->prepare(plan, sms, proxy);
 }
 double GroupExecutor::run(int iterations) { return impl_->run(iterations); }
+double GroupExecutor::host_enqueue_s(int iterations) { return impl_->host_enqueue_s(iterations); }
 std::string GroupExecutor::attention_backend() const { return sdpa::attention_path().backend(); }
 bool GroupExecutor::proxy() const { return impl_->copies(); }
 void GroupExecutor::start_busy(double seconds) { impl_->start_busy(seconds); }

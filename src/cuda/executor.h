@@ -51,6 +51,11 @@ class GroupExecutor {
   /// Runs the prepared plan `iterations` times back to back; returns their elapsed device time
   /// in seconds, the maximum over ranks (CUDA events on each rank's compute stream).
   double run(int iterations);
+  /// Host seconds to enqueue one iteration of the prepared plan: `iterations` are enqueued onto
+  /// idle GPUs, few enough that the launch queue never fills (so the host never waits on the
+  /// GPU), timed by the host clock; then waits for them. Where it exceeds run()'s device time
+  /// per iteration, the host sets the pace of back-to-back iterations.
+  double host_enqueue_s(int iterations);
 
   /// How attention runs: "cudnn-fused" (cuDNN's fused flash attention, cudnn_sdpa.h) until a
   /// step of it fails in this process, "fallback kernel" from then on (sdpa::attention_path()).

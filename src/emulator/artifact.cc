@@ -219,6 +219,7 @@ std::vector<ArtifactFrontier> read_artifact_frontiers(const std::string& dir) {
         dir));
   }
   std::vector<ArtifactFrontier> out;
+  out.reserve(by_key.size());
   for (auto& [key, f] : by_key) out.push_back(std::move(f));
   sort_frontiers(out);
   return out;
@@ -262,6 +263,7 @@ std::vector<ArtifactFrontier> read_artifact_csv(const std::string& path) {
       });
   if (by_key.empty()) throw InvalidInput(fmt::format("{}: no data row", path));
   std::vector<ArtifactFrontier> out;
+  out.reserve(by_key.size());
   for (auto& [key, f] : by_key) out.push_back(std::move(f));
   sort_frontiers(out);
   return out;

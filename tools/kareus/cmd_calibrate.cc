@@ -188,9 +188,8 @@ std::vector<std::string> artifact_csv_comment(const std::string& source) {
       "Measured frontiers of the Kareus artifact (Wu, Chung, Chowdhury, OSDI '26), extracted by",
       "`kareus calibrate --artifact DIR --write-csv FILE` (scripts/extract-artifact-frontiers).",
       "Source: " + source + ", files",
-      "  "
-      "tests/{perseus,nanobatch_perseus,kareus}/schedules/megatron_<model>/"
-      "cp<C>_tp<T>_mbs<M>_seq<S>/",
+      std::string("  tests/{perseus,nanobatch_perseus,kareus}/schedules/megatron_<model>/") +
+          "cp<C>_tp<T>_mbs<M>_seq<S>/",
       "  frontier/{freqs,scheds}_pipeline_NNNNN.py, one frontier point per file, planned by the",
       "  authors' solver from profiles of real runs on 2 nodes x 8 A100 SXM4 40GB, PP=2.",
       "Licence: Apache-2.0 (the artifact's LICENSE), copyright its authors; numbers unchanged.",
@@ -328,7 +327,7 @@ void register_calibrate(CLI::App& app, Action& action) {
   const std::vector<CLI::Option*> artifact_opts = {only_opt, write_opt, source_opt, quiet_opt};
   cmd->callback([&action, args, art, dir_opt, art_csv_opt, write_opt, source_opt, fit_opts,
                  artifact_opts] {
-    auto refuse = [&action](std::string why) {
+    auto refuse = [&action](const std::string& why) {
       action = [why]() -> int { throw InvalidInput(why); };
     };
     const bool from_dir = dir_opt->count() > 0, from_csv = art_csv_opt->count() > 0;
