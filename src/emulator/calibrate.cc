@@ -390,8 +390,17 @@ double pattern_search(const std::vector<Free>& knobs, const std::function<double
 
 }  // namespace
 
-std::vector<DeviceRow> evaluate_device_run(const std::string& json_path, const std::string& root,
-                                           const EmulatorParams& p) {
+namespace {
+
+// A device run read once: its workload partitioned on the run's GPU and the measured rows (one
+// per configuration, rounds averaged); emulate_device_run fills in the emulated side.
+struct DeviceRun {
+  Workload workload;
+  PartitionSet partitions;
+  std::vector<DeviceRow> rows;
+};
+
+DeviceRun read_device_run(const std::string& json_path, const std::string& root) {
   std::ifstream in(json_path);
   if (!in) throw InvalidInput(fmt::format("{}: cannot open device run", json_path));
   nlohmann::json j;
@@ -400,20 +409,19 @@ std::vector<DeviceRow> evaluate_device_run(const std::string& json_path, const s
   } catch (const nlohmann::json::exception& e) {
     throw InvalidInput(fmt::format("{}: not JSON: {}", json_path, e.what()));
   }
-  std::vector<DeviceRow> out;
+  DeviceRun run;
   try {
     std::string wpath = j.at("workload").get<std::string>();
     if (!wpath.empty() && wpath[0] != '/' && !root.empty()) wpath = root + "/" + wpath;
-    Workload w = load_workload(wpath);
-    w.gpu_name = j.at("catalogue_gpu").get<std::string>();
-    const PartitionSet ps = partition_workload(w);
-    const EmulatorModel m(w.gpu(), p);
+    run.workload = load_workload(wpath);
+    run.workload.gpu_name = j.at("catalogue_gpu").get<std::string>();
+    run.partitions = partition_workload(run.workload);
     const int requested = j.at("clock_mhz").get<int>();
     // A repeatability run measures every configuration in several rounds: one row per
     // configuration, the mean time and energy over its rounds.
     std::map<std::tuple<std::string, std::string, int>, std::size_t> index;
-    std::vector<int> rounds;
     std::vector<double> energy_sum_j;
+    std::vector<DeviceRow>& out = run.rows;
     for (const auto& row : j.at("partitions")) {
       const std::string partition = row.at("partition").get<std::string>();
       const std::string slot = row.at("slot").get<std::string>();
@@ -422,20 +430,18 @@ std::vector<DeviceRow> evaluate_device_run(const std::string& json_path, const s
       const double energy_j = row.at("energy_j").get<double>();
       const int clock_mhz = row.value("clock_mhz", requested);
       const std::string reasons = row.value("clock_event_reasons", std::string());
-      const auto key = std::make_tuple(partition, slot, sms);
-      auto it = index.find(key);
-      if (it != index.end()) {
+      const auto [it, fresh] = index.emplace(std::make_tuple(partition, slot, sms), out.size());
+      if (!fresh) {
         DeviceRow& d = out[it->second];
-        ++rounds[it->second];
+        ++d.rounds;
         d.measured_time_s += time_s;
         energy_sum_j[it->second] += energy_j;
         d.measured_min_freq_mhz = std::min(d.measured_min_freq_mhz, clock_mhz);
         if (d.reasons.find(reasons) == std::string::npos) d.reasons += "," + reasons;
         continue;
       }
-      index[key] = out.size();
       DeviceRow d;
-      d.workload = w.name;
+      d.workload = run.workload.name;
       d.partition = partition;
       d.slot = slot;
       d.reasons = reasons;
@@ -444,28 +450,42 @@ std::vector<DeviceRow> evaluate_device_run(const std::string& json_path, const s
       d.measured_min_freq_mhz = clock_mhz;
       d.measured_time_s = time_s;
       out.push_back(d);
-      rounds.push_back(1);
       energy_sum_j.push_back(energy_j);
     }
     for (std::size_t i = 0; i < out.size(); ++i) {
       DeviceRow& d = out[i];
-      d.rounds = rounds[i];
       d.measured_power_w = energy_sum_j[i] / d.measured_time_s;  // both summed over rounds
-      d.measured_time_s /= rounds[i];
-      const Partition& part = ps.partition(d.partition);
-      std::vector<Kernel> chain{copy_proxy(part.collective)};
-      for (const auto& k : part.comm_tail) chain.push_back(k.is_collective() ? copy_proxy(k) : k);
-      const SimResult r = m.simulate_overlap(part.compute_ops, nullptr, part.slot(d.slot).op_index,
-                                             d.sms, d.freq_mhz, chain);
-      d.emulated_time_s = r.time_s;
-      d.emulated_power_w = r.dynamic_energy_j / r.time_s + w.gpu().static_power_w;
-      d.time_error = d.emulated_time_s / d.measured_time_s - 1.0;
-      d.power_error = d.emulated_power_w / d.measured_power_w - 1.0;
+      d.measured_time_s /= d.rounds;
+      run.partitions.partition(d.partition);  // an unknown partition fails here, not in a fit
     }
   } catch (const nlohmann::json::exception& e) {
     throw InvalidInput(fmt::format("{}: missing or malformed field: {}", json_path, e.what()));
   }
-  return out;
+  return run;
+}
+
+void emulate_device_run(DeviceRun& run, const EmulatorParams& p) {
+  const EmulatorModel m(run.workload.gpu(), p);
+  for (DeviceRow& d : run.rows) {
+    const Partition& part = run.partitions.partition(d.partition);
+    std::vector<Kernel> chain{copy_proxy(part.collective)};
+    for (const auto& k : part.comm_tail) chain.push_back(k.is_collective() ? copy_proxy(k) : k);
+    const SimResult r = m.simulate_overlap(part.compute_ops, nullptr, part.slot(d.slot).op_index,
+                                           d.sms, d.freq_mhz, chain);
+    d.emulated_time_s = r.time_s;
+    d.emulated_power_w = r.dynamic_energy_j / r.time_s + run.workload.gpu().static_power_w;
+    d.time_error = d.emulated_time_s / d.measured_time_s - 1.0;
+    d.power_error = d.emulated_power_w / d.measured_power_w - 1.0;
+  }
+}
+
+}  // namespace
+
+std::vector<DeviceRow> evaluate_device_run(const std::string& json_path, const std::string& root,
+                                           const EmulatorParams& p) {
+  DeviceRun run = read_device_run(json_path, root);
+  emulate_device_run(run, p);
+  return std::move(run.rows);
 }
 
 const std::vector<DeviceRunFile>& device_run_set() {
@@ -487,26 +507,21 @@ DeviceFit fit_device_params(const std::vector<std::string>& json_paths, const st
   DeviceFit fit;
   fit.params = p;
   if (json_paths.empty()) return fit;
-  {
-    // Start from the values in effect on the runs' GPU (p's zero fields are the GPU's).
-    std::ifstream in(json_paths.front());
-    std::string gpu;
-    try {
-      gpu = nlohmann::json::parse(in).at("catalogue_gpu").get<std::string>();
-    } catch (const nlohmann::json::exception& e) {
-      throw InvalidInput(
-          fmt::format("{}: missing or malformed field: {}", json_paths.front(), e.what()));
-    }
-    fit.params = EmulatorModel(gpu_by_name(gpu), p).params();
-  }
+  // Read once; every evaluation only emulates.
+  std::vector<DeviceRun> runs;
+  runs.reserve(json_paths.size());
+  for (const auto& path : json_paths) runs.push_back(read_device_run(path, root));
+  // Start from the values in effect on the runs' GPU (p's zero fields are the GPU's).
+  fit.params = EmulatorModel(runs.front().workload.gpu(), p).params();
   // Every measured configuration weighs the same; power and time alike (once a row sits at the
   // cap, power alone cannot place sm_power_w: any larger value gives the limit, while how far
   // the cap lowers the clock, and so the time, can).
   auto objective = [&]() {
     double s = 0;
     int n = 0;
-    for (const auto& path : json_paths) {
-      for (const auto& d : evaluate_device_run(path, root, fit.params)) {
+    for (auto& run : runs) {
+      emulate_device_run(run, fit.params);
+      for (const auto& d : run.rows) {
         s += d.power_error * d.power_error + d.time_error * d.time_error;
         ++n;
       }

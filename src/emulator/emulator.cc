@@ -139,15 +139,14 @@ EmulatorModel::EmulatorModel(const GpuSpec& gpu, EmulatorParams params) : gpu_(g
   if (p_.gemm_best_efficiency <= 0) p_.gemm_best_efficiency = gpu_.gemm_best_efficiency;
   if (p_.attn_fwd_best_efficiency <= 0) p_.attn_fwd_best_efficiency = gpu_.attn_fwd_best_efficiency;
   if (p_.attn_bwd_best_efficiency <= 0) p_.attn_bwd_best_efficiency = gpu_.attn_bwd_best_efficiency;
-  if (!(p_.gemm_best_efficiency > 0) || !(p_.attn_fwd_best_efficiency > 0) ||
+  if (!(p_.sm_power_w > 0) || !(p_.voltage_ratio >= 1) || !(p_.power_limit_w > 0) ||
+      !(p_.gemm_best_efficiency > 0) || !(p_.attn_fwd_best_efficiency > 0) ||
       !(p_.attn_bwd_best_efficiency > 0)) {
-    throw InvalidInput(fmt::format("{}: the emulator needs kernel efficiencies > 0", gpu_.name));
-  }
-  if (!(p_.sm_power_w > 0) || !(p_.voltage_ratio >= 1) || !(p_.power_limit_w > 0)) {
     throw InvalidInput(fmt::format(
-        "{}: the emulator needs sm_power_w > 0, voltage_ratio >= 1 and power_limit_w > 0 (got "
-        "{}, {}, {})",
-        gpu_.name, p_.sm_power_w, p_.voltage_ratio, p_.power_limit_w));
+        "{}: the emulator needs sm_power_w > 0, voltage_ratio >= 1, power_limit_w > 0 and "
+        "kernel efficiencies > 0 (got {}, {}, {}; gemm {}, attention forward {}, backward {})",
+        gpu_.name, p_.sm_power_w, p_.voltage_ratio, p_.power_limit_w, p_.gemm_best_efficiency,
+        p_.attn_fwd_best_efficiency, p_.attn_bwd_best_efficiency));
   }
 }
 

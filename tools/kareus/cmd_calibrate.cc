@@ -396,30 +396,23 @@ void register_calibrate(CLI::App& app, Action& action) {
         check_input_file("device run", path);
         (run.fit ? dev_fit : dev_held).push_back(path);
       }
+      // The fitted H100/H200 fields; they and the power curve are the H200's, not the A100's.
+      const char* const kHopperFitted[] = {"sm_power_w", "gemm_best_efficiency",
+                                           "attn_fwd_best_efficiency", "attn_bwd_best_efficiency"};
       EmulatorParams hp = r.params;
-      // The H200's curve and kernels, not the A100's.
-      for (double EmulatorParams::*f :
-           {&EmulatorParams::sm_power_w, &EmulatorParams::voltage_ratio,
-            &EmulatorParams::voltage_knee_mhz, &EmulatorParams::power_limit_w,
-            &EmulatorParams::gemm_best_efficiency, &EmulatorParams::attn_fwd_best_efficiency,
-            &EmulatorParams::attn_bwd_best_efficiency}) {
-        hp.*f = 0;
-      }
-      const EmulatorParams committed_h200 = EmulatorModel(gpu_by_name("h200"), hp).params();
+      for (const char* name : kHopperFitted) *hp.fields().at(name) = 0;
+      hp.voltage_ratio = hp.voltage_knee_mhz = hp.power_limit_w = 0;
+      EmulatorParams committed_h200 = EmulatorModel(gpu_by_name("h200"), hp).params();
       if (!args->no_fit) hp = fit_device_params(dev_fit, root, hp).params;
-      const EmulatorParams fitted_h200 = EmulatorModel(gpu_by_name("h200"), hp).params();
+      EmulatorParams fitted_h200 = EmulatorModel(gpu_by_name("h200"), hp).params();
       const DevicePart dev_fit_part = device_part("fit", dev_fit, root, hp);
       const DevicePart dev_held_part = device_part("held out", dev_held, root, hp);
-      const std::pair<const char*, double EmulatorParams::*> kHopperFitted[] = {
-          {"sm_power_w", &EmulatorParams::sm_power_w},
-          {"gemm_best_efficiency", &EmulatorParams::gemm_best_efficiency},
-          {"attn_fwd_best_efficiency", &EmulatorParams::attn_fwd_best_efficiency},
-          {"attn_bwd_best_efficiency", &EmulatorParams::attn_bwd_best_efficiency}};
       if (json) {
         nlohmann::json j;
         for (const auto& name : r.fitted) j["fitted"][name] = *fields.at(name);
         j["stage_power_limit_w"] = r.stage_power_limit_w;
-        for (const auto& [name, f] : kHopperFitted) j["h100_h200"][name] = fitted_h200.*f;
+        for (const char* name : kHopperFitted)
+          j["h100_h200"][name] = *fitted_h200.fields().at(name);
         j["device_fit"] = device_json(dev_fit_part);
         j["device_held_out"] = device_json(dev_held_part);
         for (const auto& x : r.residuals) {
@@ -468,9 +461,9 @@ void register_calibrate(CLI::App& app, Action& action) {
       }
       std::cout << fmt::format("\nH100/H200 on the H200 runs ({}):\n",
                                args->no_fit ? "catalogue values" : "fitted; catalogue in brackets");
-      for (const auto& [name, f] : kHopperFitted) {
-        std::cout << fmt::format("  {:<26} {:.6g}  ({:.6g})\n", name, fitted_h200.*f,
-                                 committed_h200.*f);
+      for (const char* name : kHopperFitted) {
+        std::cout << fmt::format("  {:<26} {:.6g}  ({:.6g})\n", name,
+                                 *fitted_h200.fields().at(name), *committed_h200.fields().at(name));
       }
       std::cout << device_text(dev_fit_part) << "\n" << device_text(dev_held_part);
       return 0;
