@@ -3,15 +3,15 @@
 // time 0.1%: an H200's repeatability) and noise seed s is the measuring profiler and the emulator
 // without noise is the oracle. Each strategy runs once with the largest budget; budgets
 // 28/56/112/168/224 are prefixes of that run (random search's order and mbo's schedule do not
-// depend on the budget, see SearchOptions; 28 is mbo's initial design). At each budget the
-// configurations the strategy recommends from its measured prefix (mbo: select_front; random: the
-// measured Pareto set) are evaluated noise-free, and the hypervolume of those true values is
-// divided by that of the true exhaustive front. Objectives are min-max scaled by the true values of
-// the whole space, reference point 1.1 in each scaled objective. The old score (measured points
-// against the noisy exhaustive front) is kept as a second number. The exhaustive search (every
-// point measured once) is scored twice: its measured front, and what mbo's selection recommends
-// from it; where the latter misses the target, the target asks for more than single measurements of
-// every point tell.
+// depend on the budget, see SearchOptions; each is on one of mbo's batch boundaries). At each
+// budget the configurations the strategy recommends from its measured prefix (mbo: select_front;
+// random: the measured Pareto set) are evaluated noise-free, and the hypervolume of those true
+// values is divided by that of the true exhaustive front. Objectives are min-max scaled by the true
+// values of the whole space, reference point 1.1 in each scaled objective. The old score (measured
+// points against the noisy exhaustive front) is kept as a second number. The exhaustive search
+// (every point measured once) is scored twice: its measured front, and what mbo's selection
+// recommends from it; where the latter misses the target, the target asks for more than single
+// measurements of every point tell.
 //
 // --dump-spaces DIR writes one JSON per partition for bench/search_peers.py (Optuna, BoTorch):
 // the space, the true (time_s, energy_j) of every configuration and, per seed, the noisy

@@ -10,7 +10,9 @@ emulator's noise is a pure function of seed, partition and configuration). A pee
 recommendation at budget b is the Pareto set of its first b distinct measurements, scored by
 truth with bench/peer_scoring.py (the C++ formula). Each peer runs once with the largest budget
 and smaller budgets are prefixes, as in search_efficiency: Optuna's samplers do not look at
-n_trials, and qLogNEHVI's schedule (28 Sobol points, then batches of 28) is mbo's.
+n_trials, and qLogNEHVI's schedule is 28 Sobol points, then batches of 28 (mbo's schedule until
+2026-12-03; mbo now refits every 7 points after 21, which would cost qLogNEHVI four times the GP
+fits, minutes each on this machine).
 
 Duplicates: Optuna's samplers propose configurations already measured. Such a trial is told the
 cached value (the sampler sees a completed trial, as an Optuna user who caches would do) and is
@@ -35,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peer_scoring import TruthScorer, load_dumps  # noqa: E402
 
 BUDGETS = [28, 56, 112, 224]
-BATCH = 28  # mbo's initial design and batch (SearchOptions::initial_points, batch_size)
+BATCH = 28  # qLogNEHVI's initial design and batch (mbo's 28 + 28 before 2026-12-03)
 TRIAL_CAP = 2  # Optuna: at most this many trials per counted (distinct) measurement
 
 

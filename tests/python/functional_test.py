@@ -96,10 +96,13 @@ def make_plan(kareus_bin: str, workload: str, path: str, timeout_s: float,
               method: str = "kareus") -> dict:
     # Clock switches free (the paper's model): this workload's instructions last well under a
     # switch, so with the catalogue's cost the plan would keep one clock, and a clock sequence is
-    # what is tested here.
+    # what is tested here. Noise seed 2: on the 32-token model overlap never pays by truth
+    # (exhaustive, --noise 0: every instruction whole), and Kareus's best overlapped options are
+    # within the noise of the whole ones, so which kinds a plan mixes is the noise draw's; at seed
+    # 2 the 1F1B plan runs one instruction nano-batched, and the test needs both kinds.
     how = ["--no-fallback"] if method == "kareus" else ["--method", method]
     r = subprocess.run([kareus_bin, "plan", workload, "--min-energy", *how,
-                        "--clock-switch-ms", "0", "--out", path],
+                        "--clock-switch-ms", "0", "--noise-seed", "2", "--out", path],
                        capture_output=True, text=True, timeout=timeout_s)
     if r.returncode != 0:
         fail(f"kareus plan exited {r.returncode}: {r.stderr[-2000:]}")
@@ -441,7 +444,7 @@ def driver(args) -> None:
 
     worst_grad = 0.0
     # The 1F1B plan runs most instructions of this tiny model whole (overlap does not pay at 32
-    # tokens) and some nano-batched: both executor paths must be exercised. The interleaved plan
+    # tokens) and one nano-batched (make_plan): both executor paths must be exercised. The interleaved plan
     # (four layers, one per virtual stage) runs every instruction whole; its overlapped
     # instructions, if any, are checked below like the 1F1B plan's.
     kinds = {bool(x[3]) for res in results for x in res["hook_order"]}

@@ -34,9 +34,12 @@ INTERLEAVED_P2_V2_M4 = [
 def make_plan(workload, out):
     # Clock switches free (the paper's model): this workload's instructions last well under a
     # switch, so with the catalogue's cost the plan would keep one clock, and a clock sequence is
-    # what is tested here.
+    # what is tested here. Noise seed 2: on this 32-token model overlap never pays by truth
+    # (exhaustive, --noise 0: every instruction whole), and Kareus's best overlapped options are
+    # within the noise of the whole ones, so which kinds a plan mixes is the noise draw's; at seed
+    # 2 the plan runs one instruction nano-batched, which the tests below need.
     r = subprocess.run([ARGS.kareus, "plan", workload, "--min-energy", "--no-fallback",
-                        "--clock-switch-ms", "0", "--out", out],
+                        "--clock-switch-ms", "0", "--noise-seed", "2", "--out", out],
                        capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
         raise RuntimeError(f"kareus plan failed: {r.stderr}")

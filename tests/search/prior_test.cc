@@ -173,7 +173,7 @@ TEST(SearchPrior, MboWeighsAnExactPriorAndSwitchesOffAnInvertedOne) {
   EXPECT_EQ(bad.beta_select_time, 0);
   EXPECT_EQ(bad.beta_select_energy, 0);
   EXPECT_EQ(bad.beta_time, 0);
-  // The exact prior ranks the first 14 points as measured: the other 14 follow its front. The
+  // The exact prior ranks the first 10 points as measured: the other 11 follow its front. The
   // inverted one does not: the initial design is the cold search's, point for point.
   EXPECT_TRUE(good.prior_seeded);
   EXPECT_FALSE(bad.prior_seeded);
@@ -181,7 +181,7 @@ TEST(SearchPrior, MboWeighsAnExactPriorAndSwitchesOffAnInvertedOne) {
   cold_o.prior = nullptr;
   CachedProfiler cp3(noisy, nullptr);
   const auto cold = create_search_strategy("mbo")->run(p, space, cp3, cold_o, {});
-  for (std::size_t i = 0; i < 28; ++i) {
+  for (std::size_t i = 0; i < static_cast<std::size_t>(o.initial_points); ++i) {
     EXPECT_EQ(bad.points[i].config.freq_mhz, cold.points[i].config.freq_mhz) << i;
     EXPECT_EQ(bad.points[i].config.sms, cold.points[i].config.sms) << i;
     EXPECT_EQ(bad.points[i].config.slot, cold.points[i].config.slot) << i;
