@@ -240,6 +240,7 @@ TEST(Search, SelectFrontOptions) {
   ASSERT_EQ(o.smoothing_min_points, 56);
   const std::vector<SearchPoint> few(r.points.begin(), r.points.begin() + 55);
   std::vector<Point2> few_m;
+  few_m.reserve(few.size());
   for (const auto& x : few) few_m.push_back({x.m.time_s, x.m.energy_j});
   EXPECT_EQ(select_front(few, space, o), pareto_front(few_m));
   const std::vector<std::function<void(SearchOptions&)>> bad = {
