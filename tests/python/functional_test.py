@@ -444,9 +444,9 @@ def driver(args) -> None:
 
     worst_grad = 0.0
     # The 1F1B plan runs most instructions of this tiny model whole (overlap does not pay at 32
-    # tokens) and one nano-batched (make_plan): both executor paths must be exercised. The interleaved plan
-    # (four layers, one per virtual stage) runs every instruction whole; its overlapped
-    # instructions, if any, are checked below like the 1F1B plan's.
+    # tokens) and one nano-batched (make_plan): both executor paths must be exercised. The
+    # interleaved plan (four layers, one per virtual stage) runs every instruction whole; its
+    # overlapped instructions, if any, are checked below like the 1F1B plan's.
     kinds = {bool(x[3]) for res in results for x in res["hook_order"]}
     if plan_json["parallel"].get("virtual_pipeline", 1) == 1:
         if kinds != {False, True}:
