@@ -127,9 +127,9 @@ TEST(Plan, SequentialInstructionsInAnOverlappedPlan) {
     }
     return seq && ovl;
   };
-  std::size_t pick = 0;
-  while (pick + 1 < f.points.size() && !mixed(planner.make_plan(f, pick, "test"))) ++pick;
-  const Plan p = planner.make_plan(f, pick, "test");
+  Plan p = planner.make_plan(f, 0, "test");
+  for (std::size_t k = 1; k < f.points.size() && !mixed(p); ++k)
+    p = planner.make_plan(f, k, "test");
   ASSERT_EQ(p.execution, ExecutionMode::kOverlapped);
   int sequential = 0, overlapped = 0;
   const EmulatorModel model(w.gpu());
