@@ -14,7 +14,8 @@
 // points, 5 s windows, under the same noise), whose plan is scored the same way.
 //
 // Usage: frontier_truth [--budget N] [--seeds N] [--screen-window-s S] [--filter SUB[,SUB]]
-//          [--clock-completion] [--threads N] [--json FILE]
+//          [--clock-completion] [--stop-threshold X] [--stop-patience N] [--threads N]
+//          [--json FILE]
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -50,6 +51,8 @@ struct Profile {
   double noise = kareus::kMeasuredNoiseRel.energy;
   double screen_window_s = 0;
   bool clock_completion = false;
+  double stop_threshold = 0;  ///< mbo's stop rule (SearchOptions), 0: off
+  int stop_patience = kareus::SearchOptions{}.stop_patience;
   std::uint64_t seed = 1;
 };
 
@@ -68,6 +71,8 @@ Scored plan_and_score(const kareus::Workload& w, const Profile& pr, double deadl
   o.strategy = pr.strategy;
   o.search.budget = pr.budget;
   o.search.seed = pr.seed;
+  o.search.stop_threshold = pr.stop_threshold;
+  o.search.stop_patience = pr.stop_patience;
   o.clock_completion = pr.clock_completion;
   std::unique_ptr<kareus::EmulatorProfiler> screen_backend;
   std::unique_ptr<kareus::CachedProfiler> screen;
@@ -153,6 +158,10 @@ int main(int argc, char** argv) {
       cheap.screen_window_s = std::stod(next());
     else if (a == "--clock-completion")
       cheap.clock_completion = true;
+    else if (a == "--stop-threshold")
+      cheap.stop_threshold = std::stod(next());
+    else if (a == "--stop-patience")
+      cheap.stop_patience = std::stoi(next());
     else if (a == "--filter")
       filter = next();
     else if (a == "--threads")
@@ -162,7 +171,8 @@ int main(int argc, char** argv) {
     else {
       fmt::print(stderr,
                  "usage: frontier_truth [--budget N] [--seeds N] [--screen-window-s S] "
-                 "[--clock-completion] [--filter SUB[,SUB]] [--threads N] [--json FILE]\n");
+                 "[--clock-completion] [--stop-threshold X] [--stop-patience N] "
+                 "[--filter SUB[,SUB]] [--threads N] [--json FILE]\n");
       return 2;
     }
   }
@@ -219,6 +229,9 @@ int main(int argc, char** argv) {
           ? fmt::format("mbo {} points screened at {:g} s", cheap.budget, cheap.screen_window_s)
           : fmt::format("mbo {} points", cheap.budget);
   if (cheap.clock_completion) cheap_name += " + clock completion";
+  if (cheap.stop_threshold > 0)
+    cheap_name += fmt::format(" stopped at gain < {:g} over {} batches", cheap.stop_threshold,
+                              cheap.stop_patience);
   fmt::print(
       "iso-time plans scored by truth: deadline = true Perseus fastest; cheap = {}, today "
       "= mbo 224 points at 5 s; {} seeds; energy excess over the exhaustive noise-free "

@@ -263,6 +263,11 @@ nlohmann::json planner_to_json(const PlannerOptions& o) {
   return {{"strategy", o.strategy},
           {"budget", o.search.budget},
           {"seed", o.search.seed},
+          // The schedule and the stop rule decide which points were measured.
+          {"initial_points", o.search.initial_points},
+          {"batch_size", o.search.batch_size},
+          {"stop_threshold", o.search.stop_threshold},
+          {"stop_patience", o.search.stop_patience},
           {"unit_s", o.unit_s},
           {"per_layer", o.per_layer},
           {"freqs_mhz", o.freqs_mhz},

@@ -480,10 +480,10 @@ TEST(Search, LatinHypercubeAndStoppingRule) {
   SearchOptions s;
   s.stop_threshold = 0.5;  // no batch adds half the hypervolume: stops after `patience` batches
   const auto st = create_search_strategy("mbo")->run(p, space, f.cp, s, {});
-  EXPECT_EQ(s.stop_patience, 2);
+  EXPECT_EQ(s.stop_patience, 8);
   EXPECT_TRUE(st.stopped_early);
-  EXPECT_EQ(st.batches, 2);
-  EXPECT_EQ(st.evaluations, 21 + 2 * 7);
+  EXPECT_EQ(st.batches, 8);
+  EXPECT_EQ(st.evaluations, 21 + 8 * 7);
   s.stop_patience = 1;
   const auto st1 = create_search_strategy("mbo")->run(p, space, f.cp, s, {});
   EXPECT_TRUE(st1.stopped_early);

@@ -468,5 +468,30 @@ TEST(Cli, OptimizeRecordsThePriorPerPartitionAndInTheFrontier) {
   for (const auto& p : prior["profiling"]["partitions"]) EXPECT_EQ(p["prior"], "emulator");
 }
 
+// The planner verbs take the search's own flags (tools/kareus/search_flags.h). A stop threshold
+// of 1 with patience 1 makes the first batch after the 21-point design flat unless it doubles
+// the measured hypervolume, so every search ends at 21 + 7 points instead of its budget of 56.
+TEST(Cli, OptimizeStopsEverySearchByTheStopRuleAndRecordsIt) {
+  test::TempDir tmp;
+  const std::string qwen = test::paper_workload("qwen3-1.7b_tp8_mbs8_seq4096");
+  const auto r = test::run_cli("optimize " + qwen +
+                               " --budget 56 --stop-threshold 1 --stop-patience 1 --quiet --json "
+                               "--out " +
+                               tmp.file("o"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_FALSE(j["profiling"]["partitions"].empty());
+  for (const auto& p : j["profiling"]["partitions"]) {
+    EXPECT_EQ(p["evaluations"], 28) << p["key"];
+  }
+  std::ifstream in(tmp.file("o/frontier.json"));
+  const auto f = nlohmann::json::parse(in);
+  EXPECT_EQ(f["planner"]["budget"], 56);
+  EXPECT_EQ(f["planner"]["stop_threshold"], 1.0);
+  EXPECT_EQ(f["planner"]["stop_patience"], 1);
+  EXPECT_EQ(f["planner"]["initial_points"], 21);
+  EXPECT_EQ(f["planner"]["batch_size"], 7);
+}
+
 }  // namespace
 }  // namespace kareus

@@ -25,6 +25,7 @@
 #include "kareus/search.h"
 #include "kareus/table.h"
 #include "profiling_flags.h"
+#include "search_flags.h"
 
 namespace kareus::cli {
 namespace {
@@ -72,30 +73,7 @@ void register_search(CLI::App& app, Action& action) {
   cmd->add_option("--partition", a.partition, "partition key (see `kareus workload show`)")
       ->required();
   cmd->add_option("--strategy", a.strategy, "mbo, random or exhaustive")->capture_default_str();
-  cmd->add_option("--budget", a.opt.budget, "measurements (the whole space if larger)")
-      ->capture_default_str()
-      ->check(integer_in(1, 1000000, "measurements"));
-  cmd->add_option("--seed", a.opt.seed, "seed of every random choice")->capture_default_str();
-  cmd->add_option("--initial-points", a.opt.initial_points,
-                  "mbo: initial design points (not scaled with the budget)")
-      ->capture_default_str()
-      ->check(integer_in(1, 1000000, "points"));
-  cmd->add_option("--batch-size", a.opt.batch_size, "mbo: points per batch")
-      ->capture_default_str()
-      ->check(integer_in(1, 1000000, "points"));
-  cmd->add_option("--initial-design", a.opt.initial_design,
-                  "mbo: lhs (Latin hypercube: every clock in the initial points) or random")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"random", "lhs"}));
-  cmd->add_option("--stop-threshold", a.opt.stop_threshold,
-                  "mbo: stop when --stop-patience batches in a row each add less than this "
-                  "fraction of the measured hypervolume (0: off)")
-      ->capture_default_str()
-      ->check(finite_in(0, false, 1, "hypervolume fraction"));
-  cmd->add_option("--stop-patience", a.opt.stop_patience,
-                  "mbo: flat batches in a row that end the search (with --stop-threshold)")
-      ->capture_default_str()
-      ->check(integer_in(1, 1000, "batches"));
+  add_search_flags(cmd, a.opt, "measurements (the whole space if larger)");
   cmd->add_option("--ask", a.ask,
                   "ask/tell: write the next batch of points the backend lacks to this CSV "
                   "(partition,freq_mhz,sms,slot) and exit 3");

@@ -13,6 +13,7 @@
 #include "kareus/progress.h"
 #include "kareus/search.h"
 #include "profiling_flags.h"
+#include "search_flags.h"
 
 namespace kareus::cli {
 
@@ -34,10 +35,7 @@ struct PlannerFlags {
 inline void add_planner_flags(CLI::App* cmd, PlannerFlags& f) {
   cmd->add_option("--strategy", f.planner.strategy, "partition search: mbo, random, exhaustive")
       ->capture_default_str();
-  cmd->add_option("--budget", f.planner.search.budget, "measurements per partition")
-      ->capture_default_str()
-      ->check(integer_in(1, 1000000, "measurements"));
-  cmd->add_option("--seed", f.planner.search.seed, "seed of the search")->capture_default_str();
+  add_search_flags(cmd, f.planner.search, "measurements per partition");
   cmd->add_option("--unit", f.planner.unit_s, "frontier solver time unit in seconds")
       ->capture_default_str()
       ->check(finite_in(1e-6, false, 60, "seconds"));
