@@ -45,9 +45,9 @@ struct SearchOptions {
   std::string initial_design = "lhs";
   double stop_threshold = 0;  ///< stop when stop_patience batches in a row each raise the
                               ///< measured hypervolume by less than this fraction (0: never)
-  /// 8 batches of 7 (56 points): with 2 or 4 a search on 1%-noisy energies stops on a plateau
-  /// and loses up to 0.025 of the true hypervolume on a partition (docs/search.md, "Budget and
-  /// stopping").
+  /// 8 batches of 7 (56 points): with 2 or 4, searches on 1%-noisy energies stop too early, and
+  /// a partition's worst seed falls from 0.997 to 0.970-0.974 of the true hypervolume
+  /// (docs/search.md, "Budget and stopping").
   int stop_patience = 8;
   /// mbo's surrogate: "additive" (a two-way additive model of log time and log dynamic energy
   /// over clock and (SMs, slot), with tree ensembles on its residuals) or "trees" (tree
