@@ -33,6 +33,12 @@ int run(int argc, char** argv) {
   app.add_option("--sms", o.sms,
                  "SM counts for the collective's proxy (default: NCCL's default CTAs)")
       ->delimiter(',');
+  app.add_option("--kernel-workloads", o.kernel_workloads,
+                 "workload YAMLs whose GEMM and attention shapes are each timed alone (sweep)")
+      ->delimiter(',');
+  bool list_kernels = false;
+  app.add_flag("--list-kernels", list_kernels,
+               "list the sweep's shapes for --kernel-workloads and exit (no device needed)");
   app.add_option("--json", json_path, "also write the table as JSON here");
   try {
     app.parse(argc, argv);
@@ -40,6 +46,12 @@ int run(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   try {
+    if (list_kernels) {
+      for (const auto& s : kareus::cuda::kernel_sweep_shapes(o.kernel_workloads)) {
+        std::cout << s.key << "  (" << s.uses.size() << " uses)\n";
+      }
+      return 0;
+    }
     const auto j = kareus::cuda::run_device_check(o, std::cout);
     if (!json_path.empty()) {
       std::ofstream out(json_path);

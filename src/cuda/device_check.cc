@@ -8,16 +8,23 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <exception>
+#include <filesystem>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <ostream>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "cuda_profiler.h"
 #include "cudnn_sdpa.h"
 #include "cudnn_sdpa_backend.h"
+#include "executor.h"
 #include "kareus/emulator.h"
 #include "kareus/error.h"
 #include "kareus/instruction_settings.h"
@@ -25,6 +32,7 @@
 #include "kareus/partition.h"
 #include "kareus/table.h"
 #include "kareus/workload.h"
+#include "op_plan.h"
 
 namespace kareus::cuda {
 
@@ -248,7 +256,167 @@ std::string measure_moe(const DeviceCheckOptions& o, const std::optional<Partiti
       static_cast<double>(c.payload_bytes) / 1e6, rows);
 }
 
+// What NVML saw while `work` ran on this thread: the SM clock's range and mean, the mean power
+// and the OR of the clock-event reasons, sampled about every millisecond from a second thread
+// (the Device is used by that thread alone meanwhile). A kernel's efficiency is taken at the
+// clock it actually ran at: under the power cap the card lowers its clock by itself.
+struct Sampled {
+  int clock_min_mhz = std::numeric_limits<int>::max();
+  int clock_max_mhz = 0;
+  double clock_sum_mhz = 0, power_sum_w = 0;
+  std::uint64_t reasons = 0;
+  int samples = 0;
+  void add(int clock_mhz, double power_w, std::uint64_t mask) {
+    clock_min_mhz = std::min(clock_min_mhz, clock_mhz);
+    clock_max_mhz = std::max(clock_max_mhz, clock_mhz);
+    clock_sum_mhz += clock_mhz;
+    power_sum_w += power_w;
+    reasons |= mask;
+    ++samples;
+  }
+  void merge(const Sampled& o) {
+    clock_min_mhz = std::min(clock_min_mhz, o.clock_min_mhz);
+    clock_max_mhz = std::max(clock_max_mhz, o.clock_max_mhz);
+    clock_sum_mhz += o.clock_sum_mhz;
+    power_sum_w += o.power_sum_w;
+    reasons |= o.reasons;
+    samples += o.samples;
+  }
+  double clock_mean_mhz() const { return clock_sum_mhz / std::max(samples, 1); }
+  double power_mean_w() const { return power_sum_w / std::max(samples, 1); }
+};
+
+template <class Work>
+Sampled sample_while(nvml::Device& nv, Work&& work) {
+  std::atomic<bool> done{false};
+  Sampled s;
+  std::exception_ptr failure;
+  auto read = [&] { s.add(nv.sm_clock_mhz(), nv.power_w(), nv.clock_event_reasons().mask); };
+  std::thread sampler([&] {
+    try {
+      while (!done.load()) {
+        read();
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  });
+  try {
+    work();
+  } catch (...) {
+    done = true;
+    sampler.join();
+    throw;
+  }
+  done = true;
+  sampler.join();
+  if (failure) std::rethrow_exception(failure);
+  if (s.samples == 0) read();  // work shorter than one sample: the clock right after it
+  return s;
+}
+
+// Each kernel of the sweep is timed for about this long per repetition: long enough that the
+// launch gaps between back-to-back iterations are a small share, short enough that a sweep of
+// a few hundred shapes stays within a minute or two.
+constexpr double kSweepRepetitionS = 0.02;
+constexpr int kSweepRepetitions = 3;
+
+// Times every shape of `shapes` alone on the whole GPU (CUDA events over back-to-back
+// iterations, median of kSweepRepetitions), samples the clock during the timing, and adds the
+// rows under "kernels" to `j`; prints one line per shape to `out` as it goes (a sweep cut short
+// by a timeout still leaves its lines). `model` (the card's catalogue entry) gives the
+// emulator's prediction of the same kernel at the clock it ran at.
+void measure_kernels(const std::vector<KernelShape>& shapes, const DeviceInfo& dev,
+                     const EmulatorModel* model, nlohmann::json& j, std::ostream& out) {
+  const std::unique_ptr<nvml::Nvml> nv_lib = nvml::open();
+  nvml::Device& nv = nv_lib->device_by_uuid(dev.uuid);
+  GroupExecutor ex({dev.index});
+  out << fmt::format(
+      "kernel sweep: {} GEMM and attention shapes, each alone on the whole GPU, median of {} "
+      "timings of about {} ms\nshape | iterations | time_s | host_s | tflops | clock_mhz "
+      "min..max | power_w | reasons | emulator time_s\n",
+      shapes.size(), kSweepRepetitions, kSweepRepetitionS * 1e3);
+  j["kernels"] = nlohmann::json::array();
+  for (const KernelShape& sh : shapes) {
+    ExecutionPlan one;
+    one.ops = {sh.op};
+    one.slot_index = 1;
+    ex.prepare(one, 1, true);
+    ex.run(2);  // first launches: cuBLASLt's algorithm and cuDNN's plan are chosen here
+    const double probe_s = ex.run(3) / 3;
+    const int iterations = static_cast<int>(
+        std::clamp(std::ceil(kSweepRepetitionS / std::max(probe_s, 1e-7)), 3.0, 20000.0));
+    std::vector<double> times;
+    Sampled all;
+    for (int rep = 0; rep < kSweepRepetitions; ++rep) {
+      double per_iteration_s = 0;
+      all.merge(sample_while(nv, [&] { per_iteration_s = ex.run(iterations) / iterations; }));
+      times.push_back(per_iteration_s);
+    }
+    std::sort(times.begin(), times.end());
+    const double time_s = times[times.size() / 2];
+    const double host_s = ex.host_enqueue_s(kHostEnqueueIterations);
+    nlohmann::json row = {{"shape", sh.key},
+                          {"type", to_string(sh.op.type)},
+                          {"kernel", sh.kernel.name},
+                          {"flops", sh.kernel.flops},
+                          {"model_flops", sh.kernel.model_flops},
+                          {"bytes", sh.kernel.bytes()},
+                          {"iterations", iterations},
+                          {"time_s", time_s},
+                          {"time_s_repetitions", times},
+                          {"host_enqueue_s", host_s},
+                          {"clock_min_mhz", all.clock_min_mhz},
+                          {"clock_max_mhz", all.clock_max_mhz},
+                          {"clock_mean_mhz", all.clock_mean_mhz()},
+                          {"power_mean_w", all.power_mean_w()},
+                          {"clock_samples", all.samples},
+                          {"clock_event_reasons", nvml::ClockEventReasons{all.reasons}.describe()},
+                          {"attention", sdpa::attention_path().backend()},
+                          {"uses", sh.uses}};
+    if (sh.op.type == OpType::kGemm) {
+      const GemmShape& g = sh.op.gemm;
+      row["gemm"] = {{"m", g.m},           {"n", g.n},           {"k", g.k},
+                     {"transa", g.transa}, {"transb", g.transb}, {"batch", g.batch}};
+    } else {
+      const AttentionShape& a = sh.op.attn;
+      row["attention_shape"] = {{"groups", a.groups},
+                                {"q_heads_per_group", a.q_heads_per_group},
+                                {"q_len", a.q_len},
+                                {"kv_len", a.kv_len},
+                                {"head_dim", a.head_dim}};
+    }
+    std::string pred = "-";
+    if (model) {
+      const GpuSpec& g = model->gpu();
+      const int steps =
+          static_cast<int>(std::lround((all.clock_mean_mhz() - g.min_freq_mhz) / g.freq_step_mhz));
+      const int clock =
+          std::clamp(g.min_freq_mhz + steps * g.freq_step_mhz, g.min_freq_mhz, g.max_freq_mhz);
+      const double p = model->simulate_sequence({sh.kernel}, clock, 0).time_s;
+      row["predicted_time_s"] = p;
+      row["predicted_at_mhz"] = clock;
+      pred = fmt::format("{:.6f}", p);
+    }
+    j["kernels"].push_back(row);
+    out << fmt::format("{} | {} | {:.6f} | {:.6f} | {:.1f} | {}..{} | {:.0f} | {} | {}\n", sh.key,
+                       iterations, time_s, host_s, sh.kernel.flops / time_s / 1e12,
+                       all.clock_min_mhz, all.clock_max_mhz, all.power_mean_w(),
+                       nvml::ClockEventReasons{all.reasons}.describe(), pred)
+        << std::flush;
+  }
+}
+
 }  // namespace
+
+std::vector<KernelShape> kernel_sweep_shapes(const std::vector<std::string>& workloads) {
+  KernelShapeSet set;
+  for (const std::string& file : workloads) {
+    set.add(std::filesystem::path(file).stem().string(), partition_workload(load_workload(file)));
+  }
+  return set.shapes();
+}
 
 nlohmann::json run_device_check(const DeviceCheckOptions& o, std::ostream& table) {
   if (o.repeats < 1) {
@@ -257,6 +425,7 @@ nlohmann::json run_device_check(const DeviceCheckOptions& o, std::ostream& table
   const Workload w = load_workload(o.workload);
   const PartitionSet ps = partition_workload(w);
   const std::optional<Partition> moe_partition = grouped_gemm_partition(o);
+  const std::vector<KernelShape> sweep = kernel_sweep_shapes(o.kernel_workloads);
   visible_device_count();  // NotSupported "no CUDA device visible" first, before anything else
   const DeviceInfo dev = device_info(o.device);
   const std::string mapped = catalogue_gpu_for_device(dev.name);
@@ -318,6 +487,7 @@ nlohmann::json run_device_check(const DeviceCheckOptions& o, std::ostream& table
   table << tables;
   table << moe_tables;
   table << attention_check;
+  if (!sweep.empty()) measure_kernels(sweep, dev, mapped.empty() ? nullptr : &model, j, table);
   j["attention"] = sdpa::attention_path().backend();
   return j;
 }

@@ -340,15 +340,13 @@ OpStep plan_op(const Kernel& k, std::int64_t hidden, std::int64_t head_dim) {
   return op;
 }
 
-namespace {
-ExecutionPlan plan_ops(const std::vector<Kernel>& kernels) {
+ExecutionPlan plan_kernels(const std::vector<Kernel>& kernels) {
   ExecutionPlan plan;
   const std::int64_t hidden = infer_hidden(kernels);
   const std::int64_t head_dim = head_dim_of(kernels);
   for (const auto& k : kernels) plan.ops.push_back(plan_op(k, hidden, head_dim));
   return plan;
 }
-}  // namespace
 
 ExecutionPlan plan_partition(const Partition& p, const std::string& slot) {
   const Slot& s = p.slot(slot);  // throws InvalidInput listing the slots
@@ -372,16 +370,52 @@ ExecutionPlan plan_partition(const Partition& p, const std::string& slot) {
         "replay them with --backend trace",
         p.key, p.chain_name()));
   }
-  ExecutionPlan plan = plan_ops(p.compute_ops);
+  ExecutionPlan plan = plan_kernels(p.compute_ops);
   plan.overlap = collective_step(p.collective);
   plan.slot_index = s.op_index;
   plan.slot = s.name;
   return plan;
 }
 
+std::string kernel_shape_key(const OpStep& op) {
+  if (op.type == OpType::kGemm) {
+    const GemmShape& g = op.gemm;
+    return fmt::format("gemm m{} n{} k{} {}{} x{}", g.m, g.n, g.k, g.transa ? 'T' : 'N',
+                       g.transb ? 'T' : 'N', g.batch);
+  }
+  if (op.type != OpType::kAttentionForward && op.type != OpType::kAttentionBackward) {
+    throw InternalError(fmt::format("kernel_shape_key: {} is not a GEMM or attention", op.name));
+  }
+  const AttentionShape& a = op.attn;
+  return fmt::format("{} g{} h{} q{} kv{} d{}",
+                     op.type == OpType::kAttentionForward ? "attn_fwd" : "attn_bwd", a.groups,
+                     a.q_heads_per_group, a.q_len, a.kv_len, a.head_dim);
+}
+
+void KernelShapeSet::add_kernels(const std::string& use_prefix,
+                                 const std::vector<Kernel>& kernels) {
+  const ExecutionPlan plan = plan_kernels(kernels);
+  for (std::size_t i = 0; i < plan.ops.size(); ++i) {
+    const OpStep& op = plan.ops[i];
+    if (op.type != OpType::kGemm && op.type != OpType::kAttentionForward &&
+        op.type != OpType::kAttentionBackward) {
+      continue;
+    }
+    const std::string key = kernel_shape_key(op);
+    auto [it, fresh] = index_.emplace(key, shapes_.size());
+    if (fresh) shapes_.push_back({key, op, kernels[i], {}});
+    shapes_[it->second].uses.push_back(use_prefix + op.name);
+  }
+}
+
+void KernelShapeSet::add(const std::string& workload, const PartitionSet& ps) {
+  for (const Partition& p : ps.partitions) add_kernels(workload + "/" + p.key + "/", p.compute_ops);
+  for (const Segment& s : ps.segments) add_kernels(workload + "/" + s.name + "/", s.kernels);
+}
+
 ExecutionPlan plan_segment(const Segment& s) {
   if (s.kernels.empty()) throw InvalidInput(fmt::format("segment {} has no kernels", s.name));
-  return plan_ops(s.kernels);
+  return plan_kernels(s.kernels);
 }
 
 }  // namespace kareus::cuda

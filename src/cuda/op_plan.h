@@ -139,6 +139,33 @@ CollectiveStep collective_step(const Kernel& k);
 /// One op of `kernels` (the context supplies the hidden size and head dim).
 OpStep plan_op(const Kernel& k, std::int64_t hidden, std::int64_t head_dim);
 
+/// The ops of `kernels` in order (one OpStep per Kernel, the hidden size and head dim recovered
+/// from the list as a whole), with no overlapping collective.
+ExecutionPlan plan_kernels(const std::vector<Kernel>& kernels);
+/// One GEMM or attention shape as the executor runs it, the first kernel that has it and every
+/// use ("workload/partition-or-segment/kernel").
+struct KernelShape {
+  std::string key;  ///< e.g. "gemm m16384 n640 k3072 NN x1", "attn_fwd g4 h3 q4096 kv4096 d128"
+  OpStep op;
+  Kernel kernel;
+  std::vector<std::string> uses;
+};
+std::string kernel_shape_key(const OpStep& op);  ///< GEMM and attention ops only
+
+/// The distinct GEMM and attention shapes of workloads' partitions and segments, in first-seen
+/// order: what the device check's kernel sweep times, each shape once however many partitions
+/// of however many workloads run it.
+class KernelShapeSet {
+ public:
+  void add(const std::string& workload, const PartitionSet& ps);
+  const std::vector<KernelShape>& shapes() const { return shapes_; }
+
+ private:
+  void add_kernels(const std::string& use_prefix, const std::vector<Kernel>& kernels);
+  std::vector<KernelShape> shapes_;
+  std::map<std::string, std::size_t> index_;
+};
+
 /// The plan of a partition with its collective launched at `slot` (throws InvalidInput naming
 /// the slots when `slot` is unknown).
 ExecutionPlan plan_partition(const Partition& p, const std::string& slot);

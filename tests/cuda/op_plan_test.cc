@@ -5,6 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "kareus/error.h"
 #include "kareus/partition.h"
 #include "kareus/workload.h"
@@ -265,6 +269,51 @@ TEST(CudaOpPlan, CopyEngineSmsOnlyForCopyEngineCollectives) {
   EXPECT_NO_THROW(check_plan_sms(ar, 1));
   // A segment's collectives run on the compute stream's SMs.
   EXPECT_THROW(check_plan_sms(plan_segment(llama_tp8().segments.front()), 0), InvalidInput);
+}
+
+// The kernel sweep's shapes of the TP=8 workload, written down from the model: one nano-batch's
+// five forward kernels, their nine backward GEMMs and attention (dgrads NT, wgrads TN), and the
+// logits GEMM of the whole micro-batch (8 x 4096 tokens, vocabulary 128256 / 8) in three
+// directions. A second copy of the workload adds uses, never shapes.
+TEST(CudaOpPlan, KernelShapeSetListsEachShapeOnce) {
+  const std::string f = std::to_string(kTokens);  // 16384
+  const std::vector<std::string> expected = {
+      "gemm m" + f + " n640 k3072 NN x1",   // QKV: (3 + 2 x 1) heads x 128
+      "attn_fwd g4 h3 q4096 kv4096 d128",   // 4 sequences x 1 KV head, 3 query heads each
+      "gemm m" + f + " n3072 k384 NN x1",   // output projection
+      "gemm m" + f + " n2048 k3072 NN x1",  // FC1 (SwiGLU: 2 x 8192 / 8)
+      "gemm m" + f + " n3072 k1024 NN x1",  // FC2
+      "gemm m" + f + " n1024 k3072 NT x1",  // FC2 dgrad
+      "gemm m1024 n3072 k" + f + " TN x1",  // FC2 wgrad
+      "gemm m" + f + " n3072 k2048 NT x1",  // FC1 dgrad
+      "gemm m3072 n2048 k" + f + " TN x1",  // FC1 wgrad
+      "gemm m" + f + " n384 k3072 NT x1",   // output projection dgrad
+      "gemm m384 n3072 k" + f + " TN x1",   // output projection wgrad
+      "attn_bwd g4 h3 q4096 kv4096 d128",
+      "gemm m" + f + " n3072 k640 NT x1",  // QKV dgrad
+      "gemm m3072 n640 k" + f + " TN x1",  // QKV wgrad
+      "gemm m32768 n16032 k3072 NN x1",    // logits
+      "gemm m32768 n3072 k16032 NT x1",    // logits dgrad
+      "gemm m3072 n16032 k32768 TN x1",    // logits wgrad
+  };
+  KernelShapeSet once;
+  once.add("3b", llama_tp8());
+  std::vector<std::string> keys;
+  for (const KernelShape& s : once.shapes()) keys.push_back(s.key);
+  std::vector<std::string> sorted_expected = expected;
+  std::sort(keys.begin(), keys.end());
+  std::sort(sorted_expected.begin(), sorted_expected.end());
+  EXPECT_EQ(keys, sorted_expected);
+  EXPECT_EQ(once.shapes().front().key, expected.front());  // first seen first
+  EXPECT_EQ(once.shapes().front().uses.front(), "3b/fwd_attn/qkv_gemm");
+
+  KernelShapeSet twice;
+  twice.add("3b", llama_tp8());
+  twice.add("again", llama_tp8());
+  ASSERT_EQ(twice.shapes().size(), once.shapes().size());
+  for (std::size_t i = 0; i < once.shapes().size(); ++i) {
+    EXPECT_EQ(twice.shapes()[i].uses.size(), 2 * once.shapes()[i].uses.size()) << expected[i];
+  }
 }
 
 TEST(CudaCommCache, OneSetPerCtaCountWithLruEviction) {
