@@ -3,10 +3,12 @@
 // workload is a prediction. docs/emulator.md records the procedure and the residuals.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "kareus/artifact.h"
 #include "kareus/emulator.h"
 #include "kareus/partition.h"
 
@@ -34,6 +36,10 @@ std::vector<CalibrationTarget> read_calibration_targets(const std::string& csv_p
 /// minimizing the instruction's emulated energy (dynamic + static power x time) under Megatron's
 /// sequential kernels. Key: stage * 2 + (backward ? 1 : 0).
 std::vector<int> perseus_slowest_clocks(const Workload& w, const EmulatorModel& m);
+/// The same for any schedule: per (stage, instruction kind), the clock of the GPU's search range
+/// minimizing the instruction's energy (static included) when run in `mode` on `w`'s partitions
+/// (kOverlapped: NCCL's default CTAs, collective at the partition start).
+std::vector<int> min_energy_clocks(const Workload& w, const EmulatorModel& m, ExecutionMode mode);
 
 struct Residual {
   CalibrationTarget target;
@@ -152,6 +158,44 @@ struct DeviceFit {
 DeviceFit fit_device_params(const std::vector<std::string>& json_paths, const std::string& root,
                             const EmulatorParams& p);
 
+// ---- The Kareus artifact's measured frontier ends (artifact.h; fit on five workloads, the
+// other five held out, artifact_set).
+
+/// The ends of one method's frontier: its fastest point's time and energy and its least energy
+/// (one GPU per stage, summed over the stages, static included).
+struct FrontierEnds {
+  double fastest_time_s = 0;
+  double energy_at_fastest_j = 0;
+  double least_energy_j = 0;
+};
+/// One workload and method of the artifact: the measured ends and the workload they belong to.
+struct ArtifactCase {
+  std::string method;  ///< perseus or nanobatch_perseus
+  bool fit = false;    ///< in the fit set (artifact_set)
+  Workload workload;
+  FrontierEnds measured;
+};
+struct ArtifactResidual {
+  std::string workload, method;
+  bool fit = false;
+  FrontierEnds measured, emulated;
+  /// emulated / measured - 1: fastest time, energy at fastest, least energy.
+  double time_error = 0, energy_at_fastest_error = 0, least_energy_error = 0;
+};
+/// The Perseus and Nanobatching+Perseus frontiers of `measured` as cases, each workload read by
+/// `load` (from its name). The Kareus frontier is left out: its ends need the searched plans.
+std::vector<ArtifactCase> artifact_cases(const std::vector<ArtifactFrontier>& measured,
+                                         const std::function<Workload(const std::string&)>& load);
+/// A method's frontier ends as the planner's frontier reaches them without a search: the
+/// fastest plan runs every instruction at the maximum clock (perseus: Megatron's sequential
+/// kernels; nanobatch_perseus: two nano-batches, NCCL's defaults), the least-energy plan every
+/// instruction at its own minimum-energy clock (min_energy_clocks). On the committed parameters
+/// they are within 1% of `kareus calibrate --artifact-csv` (which plans each workload).
+FrontierEnds emulate_frontier_ends(const Workload& w, const EmulatorModel& m,
+                                   const std::string& method);
+std::vector<ArtifactResidual> evaluate_artifact(const std::vector<ArtifactCase>& cases,
+                                                const EmulatorParams& p);
+
 struct CalibrationResult {
   EmulatorParams params;
   std::vector<std::string> fitted;  ///< names of the fitted parameters
@@ -162,6 +206,8 @@ struct CalibrationResult {
   double stage_power_limit_w = 0;            ///< fitted board limit of the profiled GPUs
   std::vector<StageProfileResult> fit_part;  ///< profiles the fit used
   std::vector<StageProfileResult> held_out;  ///< profiles it did not see
+  /// Artifact frontier ends (empty when calibrate() was given no cases): fit and held-out rows.
+  std::vector<ArtifactResidual> artifact;
 };
 
 /// Named stage profiles: model ("gpt3-175b") and its rows.
@@ -169,8 +215,10 @@ using StageProfiles = std::vector<std::pair<std::string, std::vector<StageProfil
 
 /// The starting point of the fit: the defaults with the fitted parameters reset to prior
 /// guesses (achieved_fraction 0.8, sm_power_w 250 W, voltage_ratio 1.25, knee 1080 MHz,
-/// idle_activity 0.3, nccl_sms_to_saturate 16), so that `kareus calibrate` reproduces the
-/// committed defaults from scratch. The search is local: another start can end elsewhere.
+/// idle_activity 0.3, nccl_sms_to_saturate 16; with artifact cases also launch_overhead_s 4 us,
+/// cp_step_s 20 us, attn_kv_half 256 keys, partition_sync_s 10 us), so that `kareus calibrate`
+/// reproduces the committed defaults from scratch. The search is local: another start can end
+/// elsewhere.
 EmulatorParams calibration_prior();
 /// The profiled GPUs' board limit (W) fitted by `kareus calibrate` (their README: above 400 W):
 /// where the Perseus stage times flatten near the top clock.
@@ -181,11 +229,16 @@ constexpr double kStagePowerLimitPriorW = 450;
 /// Deterministic coordinate search (multiplicative steps, halved when no step improves) that
 /// minimizes the mean squared relative errors of every target's time and energy plus, when
 /// `fit` is not empty, the mean squared errors of normalized time and of power over the fit
-/// profiles. overlap_slowdown is not searched: it is set from the published figure
-/// (fit_overlap_slowdown) after every accepted step. `held_out` profiles are only evaluated.
+/// profiles, plus, when `artifact` is not empty, the mean squared errors of the fit cases'
+/// frontier ends (then launch_overhead_s, cp_step_s, attn_kv_half and partition_sync_s are
+/// searched too).
+/// overlap_slowdown is not searched: it is set from the published figure
+/// (fit_overlap_slowdown) after every accepted step. `held_out` profiles and held-out artifact
+/// cases are only evaluated.
 CalibrationResult calibrate(const Workload& w, const std::vector<CalibrationTarget>& targets,
                             const EmulatorParams& start, const StageProfiles& fit = {},
-                            const StageProfiles& held_out = {});
+                            const StageProfiles& held_out = {},
+                            const std::vector<ArtifactCase>& artifact = {});
 
 /// The errors of `params` on the targets and stage profiles, without fitting (evaluations 0;
 /// `fitted` names the parameters a fit would change). `stage_power_limit_w`: the profiled
@@ -194,6 +247,7 @@ CalibrationResult evaluate_calibration(const Workload& w,
                                        const std::vector<CalibrationTarget>& targets,
                                        const EmulatorParams& params, double stage_power_limit_w,
                                        const StageProfiles& fit = {},
-                                       const StageProfiles& held_out = {});
+                                       const StageProfiles& held_out = {},
+                                       const std::vector<ArtifactCase>& artifact = {});
 
 }  // namespace kareus

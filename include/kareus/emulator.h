@@ -28,10 +28,21 @@ struct EmulatorParams {
   double achieved_fraction = 0.885519;  ///< fitted
   double gemm_tile_m = 128;             ///< CTA tile for wave quantization
   double gemm_tile_n = 256;
-  double gemm_k_half = 64;               ///< K at which the main loop reaches half efficiency
-  double attn_tile_q = 128;              ///< query rows per CTA
+  double gemm_k_half = 64;   ///< K at which the main loop reaches half efficiency
+  double attn_tile_q = 128;  ///< query rows per CTA
+  /// Keys per query row at which attention reaches half its best efficiency (each CTA's fixed
+  /// cost: loading its queries, the final rescale and write); 0: off.
+  double attn_kv_half = 0;
   double cuda_core_fraction = 1.0 / 16;  ///< non-tensor FLOP rate as a fraction of bf16 peak
   double launch_overhead_s = 4e-6;
+  /// Fixed cost of one step of context parallelism's ring attention (its P2P launch and wait,
+  /// the softmax-LSE correction of the partial outputs), per attention call of a CP kernel
+  /// (Kernel::kv_calls > 1). 0: off.
+  double cp_step_s = 0;
+  /// Fixed cost of one overlapped partition (the host records and waits on the events that join
+  /// the compute and communication streams, and launches the collective on the second stream);
+  /// the GPU idles meanwhile. 0: off.
+  double partition_sync_s = 0;
   // Memory.
   double hbm_efficiency = 0.89;             ///< achievable fraction of peak HBM bandwidth
   double hbm_clock_sensitivity = 0.15;      ///< bandwidth loss at zero SM clock (linear in f)

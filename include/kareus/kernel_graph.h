@@ -39,6 +39,9 @@ struct Kernel {
   /// Independent GEMMs of this shape run as one grouped kernel (a mixture-of-experts layer's
   /// local experts, m rows each); 1 for a plain GEMM.
   int groups = 1;
+  /// Attention only: the keys are processed in this many kernel calls of n / kv_calls keys each
+  /// (context parallelism's ring: one call per CP step); 1 otherwise.
+  int kv_calls = 1;
 
   // Collectives only.
   CollectiveKind collective = CollectiveKind::kAllReduce;

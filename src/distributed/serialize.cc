@@ -24,6 +24,7 @@ json kernel_json(const Kernel& k) {
           {"n", k.n},
           {"k", k.k},
           {"groups", k.groups},
+          {"kv_calls", k.kv_calls},
           {"collective", static_cast<int>(k.collective)},
           {"group", static_cast<int>(k.group)},
           {"group_size", k.group_size},
@@ -45,6 +46,7 @@ Kernel kernel_from(const json& j) {
   k.n = j.at("n").get<std::int64_t>();
   k.k = j.at("k").get<std::int64_t>();
   k.groups = j.at("groups").get<int>();
+  k.kv_calls = j.value("kv_calls", 1);
   k.collective = static_cast<CollectiveKind>(j.at("collective").get<int>());
   k.group = static_cast<CommGroup>(j.at("group").get<int>());
   k.group_size = j.at("group_size").get<int>();

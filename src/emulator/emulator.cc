@@ -56,8 +56,11 @@ constexpr std::pair<const char*, double EmulatorParams::*> kParamFields[] = {
     {"gemm_tile_n", &EmulatorParams::gemm_tile_n},
     {"gemm_k_half", &EmulatorParams::gemm_k_half},
     {"attn_tile_q", &EmulatorParams::attn_tile_q},
+    {"attn_kv_half", &EmulatorParams::attn_kv_half},
     {"cuda_core_fraction", &EmulatorParams::cuda_core_fraction},
     {"launch_overhead_s", &EmulatorParams::launch_overhead_s},
+    {"cp_step_s", &EmulatorParams::cp_step_s},
+    {"partition_sync_s", &EmulatorParams::partition_sync_s},
     {"hbm_efficiency", &EmulatorParams::hbm_efficiency},
     {"hbm_clock_sensitivity", &EmulatorParams::hbm_clock_sensitivity},
     {"hbm_saturation_sm_fraction", &EmulatorParams::hbm_saturation_sm_fraction},
@@ -98,8 +101,9 @@ double kernel_efficiency(const Kernel& op, double n, const EmulatorParams& p) {
       const double tiles = std::ceil(op.m / p.attn_tile_q);
       const double waves = std::ceil(tiles / n);
       const bool bwd = op.name == "attention_bwd";
+      const double keys = static_cast<double>(op.n) / std::max(1, op.kv_calls);
       return (bwd ? p.attn_bwd_best_efficiency : p.attn_fwd_best_efficiency) * p.achieved_fraction *
-             (tiles / (waves * n));
+             (tiles / (waves * n)) * (keys / (keys + p.attn_kv_half));
     }
     default:
       return p.cuda_core_fraction;
@@ -119,7 +123,13 @@ std::string EmulatorParams::to_string() const {
   std::map<std::string, double> values;
   for (const auto& [name, member] : kParamFields) values[name] = this->*member;
   std::string s;
-  for (const auto& [name, value] : values) s += fmt::format("{}={:.9g};", name, value);
+  for (const auto& [name, value] : values) {
+    // Off, the host floor changes nothing: left out so that fingerprints taken before it
+    // existed still match.
+    if ((name == "attn_kv_half" || name == "partition_sync_s" || name == "cp_step_s") && value == 0)
+      continue;
+    s += fmt::format("{}={:.9g};", name, value);
+  }
   return s;
 }
 
@@ -201,6 +211,8 @@ EmulatorModel::Rates EmulatorModel::rates(const Kernel* op, int op_sms, const Ke
     // full at the link rate (NCCL's default CTAs), less for a collective starved of CTAs.
     if (coll) t *= 1.0 + p_.overlap_slowdown * coll_share;
     r.op_time_s = t + p_.launch_overhead_s;
+    if (op->kind == OpKind::kAttention && op->kv_calls > 1)
+      r.op_time_s += op->kv_calls * p_.cp_step_s;
     op_hbm_rate = op->bytes() / r.op_time_s;
     // Dynamic power follows the work done per second (Hong & Kim, ISCA 2010: component power =
     // maximum power x access rate). Tensor-core kernels: achieved FLOP rate over the best-shape
@@ -357,8 +369,10 @@ SimResult EmulatorModel::simulate_overlap(const std::vector<Kernel>& ops, const 
 
 SimResult EmulatorModel::simulate_partition(const Partition& part, const PartitionConfig& c) const {
   const Slot& slot = part.slot(c.slot);
-  return simulate_overlap(part.compute_ops, &part.collective, slot.op_index, c.sms, c.freq_mhz,
-                          part.comm_tail);
+  SimResult r = simulate_overlap(part.compute_ops, &part.collective, slot.op_index, c.sms,
+                                 c.freq_mhz, part.comm_tail);
+  r.time_s += p_.partition_sync_s;  // idle: static power only
+  return r;
 }
 
 SimResult EmulatorModel::simulate_sequence(const std::vector<Kernel>& kernels, int freq_mhz,

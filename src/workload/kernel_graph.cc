@@ -243,6 +243,9 @@ class Builder {
     k.m = static_cast<std::int64_t>(q_rows * static_cast<double>(m_.heads) / p_.tp);
     k.n = static_cast<std::int64_t>(s);
     k.k = m_.head_dim;
+    // Megatron-LM's context parallelism (Transformer Engine's ring attention over P2P, the
+    // default cp_comm_type) runs one attention call per CP step, each over s / cp keys.
+    k.kv_calls = p_.cp;
     return k;
   }
 

@@ -1,9 +1,12 @@
-// The calibration targets of issue 3, read from the shared CSV (not copied numbers).
+// The calibration targets of issue 3 and the artifact's frontier ends of issue 28, read from the
+// shared CSVs (not copied numbers).
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
 
 #include "kareus/calibrate.h"
+#include "kareus/error.h"
 #include "test_util.h"
 
 namespace kareus {
@@ -11,6 +14,13 @@ namespace {
 
 const std::string kCsv = std::string(KAREUS_DATA_DIR) +
                          "/calibration/a100-sxm4-40gb_llama3.2-3b_tp8_pp2_mbs8_seq4096.csv";
+
+// The artifact's Perseus and Nanobatching+Perseus frontiers on the ten paper workloads.
+std::vector<ArtifactCase> artifact() {
+  return artifact_cases(
+      read_artifact_csv(std::string(KAREUS_DATA_DIR) + "/calibration/artifact_frontiers.csv"),
+      [](const std::string& name) { return load_workload(test::paper_workload(name)); });
+}
 
 TEST(Calibration, DefaultsMeetTheThreeTargetsWithinTenPercent) {
   ASSERT_TRUE(std::filesystem::exists(kCsv)) << kCsv;
@@ -26,9 +36,10 @@ TEST(Calibration, DefaultsMeetTheThreeTargetsWithinTenPercent) {
   }
 }
 
-// `kareus calibrate` as shipped: the iteration targets plus the GPT-3 stage profile, BLOOM held
-// out. The fit lands on the committed defaults (the A100 catalogue curve, the emulator defaults
-// and the profiled GPUs' limit) from the prior guesses.
+// The fit of the committed defaults: the iteration targets and the GPT-3 stage profile, BLOOM held
+// out (the artifact's frontier ends join it in `kareus calibrate`; that refit is not the default
+// yet, see ArtifactRefit below). The fit lands on the committed defaults (the A100 catalogue curve,
+// the emulator defaults and the profiled GPUs' limit) from the prior guesses.
 TEST(Calibration, FitReproducesCommittedDefaults) {
   ASSERT_TRUE(std::filesystem::exists(kCsv)) << kCsv;
   const auto w = load_workload(test::paper_workload("llama3.2-3b_tp8_mbs8_seq4096"));
@@ -53,6 +64,86 @@ TEST(Calibration, FitReproducesCommittedDefaults) {
   EXPECT_EQ(fit.held_out[0].model, "bloom-176b");
   EXPECT_LE(fit.held_out[0].norm_time_rms, 0.05);
   EXPECT_LE(fit.held_out[0].power_rms, 0.08);
+  for (const auto& r : fit.residuals) {
+    EXPECT_LT(std::abs(r.time_error), 0.10) << r.target.label;
+    EXPECT_LT(std::abs(r.energy_error), 0.10) << r.target.label;
+  }
+}
+
+// Issue 28's acceptance on the refitted parameters, by the frontier ends without a search
+// (`kareus calibrate --artifact-csv` plans them; docs/emulator.md has both): every held-out
+// figure within 15%, and the sign of Nanobatching+Perseus's fastest time against Perseus's as
+// measured on every fit workload. Held out, it matches on 3 of 5: on Qwen3 1.7B CP2 TP4 mbs16
+// seq4096 and mbs8 seq8192 overlap gains 4.4% and 1.9% on the A100s and loses about 0.5% here.
+// The parameters `kareus calibrate` fitted on 2026-12-05 with the artifact's frontier ends
+// (docs/emulator.md "Refit on the artifact's frontier ends"), not yet the defaults.
+EmulatorParams artifact_refit() {
+  EmulatorParams p;
+  p.achieved_fraction = 0.930194;
+  p.sm_power_w = 535.07;
+  p.voltage_ratio = 1.38687;
+  p.voltage_knee_mhz = 900.067;
+  p.idle_activity = 0.02;
+  p.nccl_sms_to_saturate = 21.64;
+  p.launch_overhead_s = 4.77167e-6;
+  p.attn_kv_half = 1024;
+  p.cp_step_s = 383.765e-6;
+  p.partition_sync_s = 80.0979e-6;
+  p.overlap_slowdown = 0.21919;
+  return p;
+}
+
+TEST(Calibration, ArtifactRefitHeldOutWithinFifteenPercentAndSignsOfNanobatching) {
+  const auto cases = artifact();
+  ASSERT_EQ(cases.size(), 20u);
+  const auto rs = evaluate_artifact(cases, artifact_refit());
+  std::map<std::string, std::map<std::string, const ArtifactResidual*>> by;
+  int held = 0;
+  for (const auto& r : rs) {
+    by[r.workload][r.method] = &r;
+    if (r.fit) continue;
+    ++held;
+    EXPECT_LT(std::abs(r.time_error), 0.15) << r.workload << " " << r.method;
+    EXPECT_LT(std::abs(r.energy_at_fastest_error), 0.15) << r.workload << " " << r.method;
+    EXPECT_LT(std::abs(r.least_energy_error), 0.15) << r.workload << " " << r.method;
+  }
+  EXPECT_EQ(held, 10);
+  ASSERT_EQ(by.size(), 10u);
+  int matches = 0;
+  for (const auto& [name, m] : by) {
+    const auto* p = m.at("perseus");
+    const auto* n = m.at("nanobatch_perseus");
+    const bool match = (n->measured.fastest_time_s > p->measured.fastest_time_s) ==
+                       (n->emulated.fastest_time_s > p->emulated.fastest_time_s);
+    matches += match;
+    if (p->fit) {
+      EXPECT_TRUE(match) << name << ": measured " << n->measured.fastest_time_s << " vs "
+                         << p->measured.fastest_time_s << ", emulated "
+                         << n->emulated.fastest_time_s << " vs " << p->emulated.fastest_time_s;
+    }
+  }
+  EXPECT_GE(matches, 8);
+}
+
+// The frontier ends against the reference schedules computed another way (emulate_schedule at
+// the top clock), and the least energy at most the energy at the fastest point.
+TEST(Calibration, FrontierEndsAreTheReferenceSchedulesAtTheTopClock) {
+  const auto w = load_workload(test::paper_workload("qwen3-1.7b_cp2tp4_mbs8_seq4096"));
+  const EmulatorModel m(w.gpu());
+  Workload seq = w;
+  seq.batch.nano_batches = 1;
+  const auto p = emulate_frontier_ends(w, m, "perseus");
+  const auto mega = emulate_schedule(seq, m, "megatron", 1410);
+  EXPECT_DOUBLE_EQ(p.fastest_time_s, mega.iteration_time_s);
+  EXPECT_DOUBLE_EQ(p.energy_at_fastest_j, mega.energy_j_per_gpu_sum_over_stages());
+  const auto n = emulate_frontier_ends(w, m, "nanobatch_perseus");
+  const auto nano = emulate_schedule(w, m, "nanobatch", 1410);
+  EXPECT_DOUBLE_EQ(n.fastest_time_s, nano.iteration_time_s);
+  for (const auto& e : {p, n}) {
+    EXPECT_LE(e.least_energy_j, e.energy_at_fastest_j);
+    EXPECT_GT(e.least_energy_j, 0.5 * e.energy_at_fastest_j);
+  }
+  EXPECT_THROW(emulate_frontier_ends(w, m, "kareus"), InvalidInput);
 }
 
 }  // namespace

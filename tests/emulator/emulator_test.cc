@@ -75,7 +75,9 @@ TEST(Emulator, EmptyPayloadGivesComputeAloneAtEverySlot) {
   const EmulatorModel m(w.gpu());
   for (auto p : partition_workload(w).partitions) {
     p.collective.payload_bytes = 0;
-    const double alone = m.simulate_sequence(p.compute_ops, 1200, 24).time_s;
+    // The compute alone, plus the join of the two streams every overlapped partition pays.
+    const double alone =
+        m.simulate_sequence(p.compute_ops, 1200, 24).time_s + m.params().partition_sync_s;
     for (const auto& s : p.slot_names()) {
       EXPECT_DOUBLE_EQ(m.simulate_partition(p, {1200, 12, s}).time_s, alone) << p.key << " " << s;
     }
@@ -102,6 +104,47 @@ TEST(Emulator, RooflineByHand) {
   // Half the clock, twice the time (the voltage floor does not change time).
   const auto h = m.simulate_sequence({g}, 705, 24);
   EXPECT_NEAR(h.time_s - prm.launch_overhead_s, 2 * (expect - prm.launch_overhead_s), 1e-9);
+}
+
+TEST(Emulator, AttentionByHandWithContextParallelCalls) {
+  // Causal attention of 8 x 2048 queries x 32 heads of 128 against 4096 keys, in one call and
+  // in two calls of 2048 keys (context parallelism's ring): compute-bound on all 108 SMs.
+  const auto& gpu = gpu_by_name("a100-sxm4-40gb");
+  EmulatorParams prm;
+  prm.power_limit_w = 1e4;
+  prm.attn_kv_half = 500;
+  const EmulatorModel m(gpu, prm);
+  Kernel a;
+  a.name = "attention";
+  a.kind = OpKind::kAttention;
+  a.m = 8 * 2048 * 32;  // 4096 tiles of 128 rows: 37.9 waves on 108 SMs -> 38
+  a.n = 4096;
+  a.k = 128;
+  a.flops = 4.0 * 8 * 2048 * 4096 * 32 * 128 * 0.5;
+  const double wave = 4096.0 / (38 * 108);
+  const double best = m.params().attn_fwd_best_efficiency * prm.achieved_fraction * wave;
+  const double one = a.flops / (312e12 * best * 4096 / (4096 + 500)) + prm.launch_overhead_s;
+  EXPECT_NEAR(m.simulate_sequence({a}, 1410, 24).time_s, one, one * 1e-9);
+  a.kv_calls = 2;
+  // Each ring step also pays its fixed cost (P2P, output correction).
+  const double two =
+      a.flops / (312e12 * best * 2048 / (2048 + 500)) + prm.launch_overhead_s + 2 * prm.cp_step_s;
+  EXPECT_NEAR(m.simulate_sequence({a}, 1410, 24).time_s, two, two * 1e-9);
+}
+
+TEST(Emulator, PartitionSyncIsIdleTimeOnEveryOverlappedPartition) {
+  const auto& gpu = gpu_by_name("a100-sxm4-40gb");
+  const PartitionSet ps = partition_workload(load_workload(test::paper_workload(kWorkloads[0])));
+  EmulatorParams off, with;
+  off.partition_sync_s = 0;
+  with.partition_sync_s = 1e-4;
+  const EmulatorModel m0(gpu, off), m1(gpu, with);
+  for (const auto& part : ps.partitions) {
+    const PartitionConfig c{1410, 24, part.slots.front().name};
+    const SimResult a = m0.simulate_partition(part, c), b = m1.simulate_partition(part, c);
+    EXPECT_NEAR(b.time_s, a.time_s + 1e-4, 1e-12) << part.key;
+    EXPECT_DOUBLE_EQ(b.dynamic_energy_j, a.dynamic_energy_j) << part.key;  // static power only
+  }
 }
 
 Kernel ring_collective(const char* name, CollectiveKind kind, int group_size, double bytes) {
@@ -168,13 +211,14 @@ TEST(Emulator, CommunicationChainByHand) {
   p.collective = rs;
   p.comm_tail = tail;
   EXPECT_DOUBLE_EQ(m.simulate_partition(p, {1200, 16, "start"}).time_s,
-                   m.simulate_overlap(p.compute_ops, &rs, 0, 16, 1200, tail).time_s);
+                   m.simulate_overlap(p.compute_ops, &rs, 0, 16, 1200, tail).time_s +
+                       m.params().partition_sync_s);
 }
 
 TEST(Emulator, VoltageCurveHasFloor) {
   const EmulatorModel m(gpu_by_name("a100-sxm4-40gb"));
   EXPECT_DOUBLE_EQ(m.relative_voltage(855), 1.0);
-  EXPECT_DOUBLE_EQ(m.relative_voltage(900), 1.0);  // below the fitted knee, 904.5 MHz
+  EXPECT_DOUBLE_EQ(m.relative_voltage(900), 1.0);  // below the fitted knee, 900.07 MHz
   EXPECT_DOUBLE_EQ(m.relative_voltage(1410), m.params().voltage_ratio);
   EXPECT_GT(m.relative_voltage(1200), 1.0);
 }

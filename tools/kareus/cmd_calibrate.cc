@@ -36,6 +36,64 @@ constexpr const char* kDefaultCsv =
     "data/calibration/a100-sxm4-40gb_llama3.2-3b_tp8_pp2_mbs8_seq4096.csv";
 constexpr const char* kDefaultWorkload = "workloads/paper/llama3.2-3b_tp8_mbs8_seq4096.yaml";
 constexpr const char* kDefaultProfileDir = "data/calibration";
+constexpr const char* kArtifactCsv = "data/calibration/artifact_frontiers.csv";
+
+std::string pct(double x) { return fmt::format("{:+.1f}%", 100 * x); }
+
+/// The artifact's Perseus and Nanobatching+Perseus frontiers as calibration cases, each workload
+/// read from workloads/paper/.
+std::vector<ArtifactCase> shipped_artifact_cases() {
+  const std::string csv = shipped_path(kArtifactCsv);
+  check_input_file("artifact CSV", csv);
+  return artifact_cases(read_artifact_csv(csv), [](const std::string& name) {
+    const std::string path = shipped_path("workloads/paper/" + name + ".yaml");
+    check_input_file("workload of artifact " + name, path);
+    return load_workload(path);
+  });
+}
+
+nlohmann::json artifact_residuals_json(const std::vector<ArtifactResidual>& rs) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& r : rs) {
+    a.push_back({{"workload", r.workload},
+                 {"method", r.method},
+                 {"set", r.fit ? "fit" : "held-out"},
+                 {"measured_fastest_time_s", r.measured.fastest_time_s},
+                 {"emulated_fastest_time_s", r.emulated.fastest_time_s},
+                 {"time_error", r.time_error},
+                 {"measured_energy_at_fastest_j", r.measured.energy_at_fastest_j},
+                 {"emulated_energy_at_fastest_j", r.emulated.energy_at_fastest_j},
+                 {"energy_at_fastest_error", r.energy_at_fastest_error},
+                 {"measured_least_energy_j", r.measured.least_energy_j},
+                 {"emulated_least_energy_j", r.emulated.least_energy_j},
+                 {"least_energy_error", r.least_energy_error}});
+  }
+  return a;
+}
+
+std::string artifact_residuals_text(const std::vector<ArtifactResidual>& rs) {
+  TextTable t({"workload", "set", "method", "fastest s meas", "emu", "error", "J at fastest meas",
+               "emu", "error", "least J meas", "emu", "error"});
+  double worst_fit = 0, worst_held = 0;
+  for (const auto& r : rs) {
+    t.add_row({r.workload, r.fit ? "fit" : "held-out", r.method,
+               fmt::format("{:.3f}", r.measured.fastest_time_s),
+               fmt::format("{:.3f}", r.emulated.fastest_time_s), pct(r.time_error),
+               fmt::format("{:.1f}", r.measured.energy_at_fastest_j),
+               fmt::format("{:.1f}", r.emulated.energy_at_fastest_j),
+               pct(r.energy_at_fastest_error), fmt::format("{:.1f}", r.measured.least_energy_j),
+               fmt::format("{:.1f}", r.emulated.least_energy_j), pct(r.least_energy_error)});
+    double& worst = r.fit ? worst_fit : worst_held;
+    for (double e : {r.time_error, r.energy_at_fastest_error, r.least_energy_error}) {
+      worst = std::max(worst, std::abs(e));
+    }
+  }
+  return "\nKareus artifact frontier ends (no search: every instruction at the top clock, or at "
+         "its own least-energy clock):\n" +
+         t.render() +
+         fmt::format("worst |error|: fit {:.1f}%, held-out {:.1f}%\n", 100 * worst_fit,
+                     100 * worst_held);
+}
 
 /// A default path names shipped data: found from the current directory or the source tree.
 std::string shipped_default(const std::string& value, const char* default_value) {
@@ -45,8 +103,6 @@ std::string shipped_default(const std::string& value, const char* default_value)
 std::string profile_path(const std::string& dir, const std::string& model) {
   return fmt::format("{}/perseus_stage-profile_{}_a100-sxm_bf16.csv", dir, model);
 }
-
-std::string pct(double x) { return fmt::format("{:+.1f}%", 100 * x); }
 
 nlohmann::json profile_json(const StageProfileResult& r) {
   nlohmann::json j;
@@ -271,9 +327,9 @@ int run_artifact(const ArtifactArgs& a, bool json) {
 }  // namespace
 
 void register_calibrate(CLI::App& app, Action& action) {
-  auto* cmd = app.add_subcommand(
-      "calibrate",
-      "Fit the emulator to measured iteration figures and per-clock A100 stage profiles");
+  auto* cmd = app.add_subcommand("calibrate",
+                                 "Fit the emulator to A100 iteration figures, stage profiles and "
+                                 "the artifact's frontier ends");
   // Owned by the subcommand's callback.
   struct Args {
     std::string csv = kDefaultCsv, workload = kDefaultWorkload, profiles = kDefaultProfileDir;
@@ -376,10 +432,11 @@ void register_calibrate(CLI::App& app, Action& action) {
         check_input_file("--profiles", path);
         (fit_models.count(m) ? fit : held_out).push_back({m, read_stage_profile(path)});
       }
+      const std::vector<ArtifactCase> artifact = shipped_artifact_cases();
       const CalibrationResult r =
           args->no_fit ? evaluate_calibration(w, targets, EmulatorParams{},
-                                              kPerseusStagePowerLimitW, fit, held_out)
-                       : calibrate(w, targets, calibration_prior(), fit, held_out);
+                                              kPerseusStagePowerLimitW, fit, held_out, artifact)
+                       : calibrate(w, targets, calibration_prior(), fit, held_out, artifact);
       EmulatorParams p = r.params;
       auto fields = p.fields();
       // H100/H200: the A100 fit with the H200 catalogue values, then sm_power_w and the kernel
@@ -430,6 +487,7 @@ void register_calibrate(CLI::App& app, Action& action) {
         j["stage_profiles_held_out"] = nlohmann::json::array();
         for (const auto& x : r.fit_part) j["stage_profiles_fit"].push_back(profile_json(x));
         for (const auto& x : r.held_out) j["stage_profiles_held_out"].push_back(profile_json(x));
+        j["artifact"] = artifact_residuals_json(r.artifact);
         std::cout << j.dump(2) << "\n";
         return 0;
       }
@@ -459,6 +517,7 @@ void register_calibrate(CLI::App& app, Action& action) {
       for (const auto& x : r.held_out) {
         std::cout << "\n" << profile_text(x, "held out", args->per_clock);
       }
+      std::cout << artifact_residuals_text(r.artifact);
       std::cout << fmt::format("\nH100/H200 on the H200 runs ({}):\n",
                                args->no_fit ? "catalogue values" : "fitted; catalogue in brackets");
       for (const char* name : kHopperFitted) {
