@@ -728,6 +728,12 @@ CalibrationResult calibrate(const Workload& w, const std::vector<CalibrationTarg
   double limit = fit.empty() ? 0.0 : kStagePowerLimitPriorW;
   auto fields = cur.fields();
   const std::vector<ArtifactCase> fitted_cases = fit_cases(artifact);
+  // Without the artifact's frontiers nothing identifies its terms: they keep the defaults (off).
+  if (fitted_cases.empty()) {
+    EmulatorParams defaults;
+    auto d = defaults.fields();
+    for (const auto& k : kArtifactKnobs) *fields.at(k.name) = *d.at(k.name);
+  }
   // Mean squared error of the iteration targets plus, per fitted profile, its mean squared
   // normalized-time and power errors: each kind of measurement weighs the same.
   auto objective = [&]() {
