@@ -656,16 +656,15 @@ const Knob kArtifactKnobs[] = {
     {"partition_sync_s", 1e-6, 1e-3},  // per overlapped partition: the two streams' join
 };
 
-// Mean squared relative error over the fit (or held-out) cases' three figures, plus, as a kind of
+// Mean squared relative error over the cases' three figures, plus, as a kind of
 // measurement of its own, the mean squared error of Nanobatching+Perseus's fastest time relative
 // to Perseus's per workload with both: whether overlap pays is what the planner decides on, and
 // it is a small difference of two large times that the per-figure errors barely weigh.
-double artifact_sq(const std::vector<ArtifactResidual>& rs, bool fit) {
+double artifact_sq(const std::vector<ArtifactResidual>& rs) {
   double s = 0, ratio_s = 0;
   int n = 0, ratio_n = 0;
   std::map<std::string, std::pair<const ArtifactResidual*, const ArtifactResidual*>> pairs;
   for (const auto& r : rs) {
-    if (r.fit != fit) continue;
     for (double e : {r.time_error, r.energy_at_fastest_error, r.least_energy_error}) {
       s += e * e;
       ++n;
@@ -743,7 +742,7 @@ CalibrationResult calibrate(const Workload& w, const std::vector<CalibrationTarg
     for (const auto& [model, points] : fit) {
       obj += profile_sq(evaluate_stage_profile(model, points, cur, limit));
     }
-    if (!fitted_cases.empty()) obj += artifact_sq(evaluate_artifact(fitted_cases, cur), true);
+    if (!fitted_cases.empty()) obj += artifact_sq(evaluate_artifact(fitted_cases, cur));
     ++res.evaluations;
     return obj;
   };

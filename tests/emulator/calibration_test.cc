@@ -70,11 +70,6 @@ TEST(Calibration, FitReproducesCommittedDefaults) {
   }
 }
 
-// Issue 28's acceptance on the refitted parameters, by the frontier ends without a search
-// (`kareus calibrate --artifact-csv` plans them; docs/emulator.md has both): every held-out
-// figure within 15%, and the sign of Nanobatching+Perseus's fastest time against Perseus's as
-// measured on every fit workload. Held out, it matches on 3 of 5: on Qwen3 1.7B CP2 TP4 mbs16
-// seq4096 and mbs8 seq8192 overlap gains 4.4% and 1.9% on the A100s and loses about 0.5% here.
 // The parameters `kareus calibrate` fitted on 2026-12-05 with the artifact's frontier ends
 // (docs/emulator.md "Refit on the artifact's frontier ends"), not yet the defaults.
 EmulatorParams artifact_refit() {
@@ -93,6 +88,11 @@ EmulatorParams artifact_refit() {
   return p;
 }
 
+// Issue 28's acceptance on the refitted parameters, by the frontier ends without a search
+// (`kareus calibrate --artifact-csv` plans them; docs/emulator.md has both): every held-out
+// figure within 15%, and the sign of Nanobatching+Perseus's fastest time against Perseus's as
+// measured on every fit workload. Held out, it matches on 3 of 5: on Qwen3 1.7B CP2 TP4 mbs16
+// seq4096 and mbs8 seq8192 overlap gains 4.4% and 1.9% on the A100s and loses about 0.5% here.
 TEST(Calibration, ArtifactRefitHeldOutWithinFifteenPercentAndSignsOfNanobatching) {
   const auto cases = artifact();
   ASSERT_EQ(cases.size(), 20u);
