@@ -222,7 +222,7 @@ using StageProfiles = std::vector<std::pair<std::string, std::vector<StageProfil
 EmulatorParams calibration_prior();
 /// The profiled GPUs' board limit (W) fitted by `kareus calibrate` (their README: above 400 W):
 /// where the Perseus stage times flatten near the top clock.
-constexpr double kPerseusStagePowerLimitW = 499.171;
+constexpr double kPerseusStagePowerLimitW = 509.812;
 /// Prior guess of the profiled GPUs' board limit (W).
 constexpr double kStagePowerLimitPriorW = 450;
 

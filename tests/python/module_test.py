@@ -14,9 +14,11 @@ Usage: module_test.py --kareus BIN/kareus --workload tiny_tp2_pp2.yaml --workdir
 import argparse
 import json
 import os
-import subprocess
 import sys
 import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import functional_test as ft  # noqa: E402  (the plan the runtime tests share)
 
 ARGS = None
 
@@ -32,19 +34,9 @@ INTERLEAVED_P2_V2_M4 = [
 
 
 def make_plan(workload, out):
-    # Clock switches free (the paper's model): this workload's instructions last well under a
-    # switch, so with the catalogue's cost the plan would keep one clock, and a clock sequence is
-    # what is tested here. Noise seed 2: on this 32-token model overlap never pays by truth
-    # (exhaustive, --noise 0: every instruction whole), and Kareus's best overlapped options are
-    # within the noise of the whole ones, so which kinds a plan mixes is the noise draw's; at seed
-    # 2 the plan runs one instruction nano-batched, which the tests below need.
-    r = subprocess.run([ARGS.kareus, "plan", workload, "--min-energy", "--no-fallback",
-                        "--clock-switch-ms", "0", "--noise-seed", "2", "--out", out],
-                       capture_output=True, text=True, timeout=60)
-    if r.returncode != 0:
-        raise RuntimeError(f"kareus plan failed: {r.stderr}")
-    with open(out) as f:
-        return json.load(f)
+    # Instructions of both kinds, whole and nano-batched, which the tests below need
+    # (functional_test.make_mixed_plan says how).
+    return ft.make_mixed_plan(ARGS.kareus, workload, out, 60.0)
 
 
 def setUpModule():
@@ -110,7 +102,7 @@ class PlanTest(unittest.TestCase):
         self.assertIsInstance(cm.exception, kareus.Error)
         bad = dict(PLAN_JSON)
         bad["stages"] = json.loads(json.dumps(PLAN_JSON["stages"]))
-        # The first overlapped instruction (the plan runs most of this tiny model sequentially).
+        # The first overlapped instruction.
         ins = next(i for s in bad["stages"] for i in s["instructions"] if i["partitions"])
         key = next(iter(ins["partitions"]))
         ins["partitions"][key]["slot"] = "nowhere"
