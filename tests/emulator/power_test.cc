@@ -100,6 +100,25 @@ TEST(PowerModel, H100GemmPartitionProfilesInThePublishedRange) {
   EXPECT_NEAR(m.static_energy_j, w.gpu().static_power_w * m.time_s, 1e-9);
 }
 
+// The uncalibrated curves are derived from the A100 fit (src/hw/catalogue.cc): the A40's SM power
+// scaled by its budget above static power, every GPU's voltage ratio the A100's, the knee at the
+// A100's fraction of the maximum clock. Written as rounded numbers there, so a refit that moves
+// the A100 curve must move them too.
+TEST(PowerModel, DerivedCurvesFollowTheA100Fit) {
+  const auto& a100 = gpu_by_name("a100-sxm4-40gb");
+  const auto& a40 = gpu_by_name("a40");
+  EXPECT_NEAR(a40.sm_power_w,
+              a100.sm_power_w * (a40.power_limit_w - a40.static_power_w) /
+                  (a100.power_limit_w - a100.static_power_w),
+              0.05);
+  for (const char* name : {"a100-sxm4-80gb", "a40", "h100-sxm", "h200"}) {
+    const auto& g = gpu_by_name(name);
+    EXPECT_DOUBLE_EQ(g.voltage_ratio, a100.voltage_ratio) << name;
+    EXPECT_NEAR(g.voltage_knee_mhz, a100.voltage_knee_mhz / a100.max_freq_mhz * g.max_freq_mhz, 0.5)
+        << name;
+  }
+}
+
 TEST(PowerModel, EveryGpuHasACurveAndALabel) {
   for (const auto& name : gpu_names()) {
     const auto& g = gpu_by_name(name);
