@@ -216,13 +216,13 @@ using StageProfiles = std::vector<std::pair<std::string, std::vector<StageProfil
 /// The starting point of the fit: the defaults with the fitted parameters reset to prior
 /// guesses (achieved_fraction 0.8, sm_power_w 250 W, voltage_ratio 1.25, knee 1080 MHz,
 /// idle_activity 0.3, nccl_sms_to_saturate 16; with artifact cases also launch_overhead_s 4 us,
-/// cp_step_s 20 us, attn_kv_half 256 keys, partition_sync_s 10 us), so that the fit without the
+/// cp_step_s 500 us, attn_kv_half 256 keys, partition_sync_s 10 us), so that the fit without the
 /// artifact reproduces the committed defaults from scratch (with it, the refit of
 /// docs/emulator.md). The search is local: another start can end elsewhere.
 EmulatorParams calibration_prior();
 /// The profiled GPUs' board limit (W) fitted by `kareus calibrate` (their README: above 400 W):
 /// where the Perseus stage times flatten near the top clock.
-constexpr double kPerseusStagePowerLimitW = 509.812;
+constexpr double kPerseusStagePowerLimitW = 513.916;
 /// Prior guess of the profiled GPUs' board limit (W).
 constexpr double kStagePowerLimitPriorW = 450;
 

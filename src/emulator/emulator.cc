@@ -210,9 +210,13 @@ EmulatorModel::Rates EmulatorModel::rates(const Kernel* op, int op_sms, const Ke
     // The interference (L2, memory pipeline, issue slots) grows with the collective's traffic:
     // full at the link rate (NCCL's default CTAs), less for a collective starved of CTAs.
     if (coll) t *= 1.0 + p_.overlap_slowdown * coll_share;
-    r.op_time_s = t + p_.launch_overhead_s;
+    // Context parallelism's ring exchanges the next step's keys and values while the current
+    // step's attention runs, so a step costs the longer of the two (Liu, Zaharia, Abbeel, "Ring
+    // Attention with Blockwise Transformers", ICLR 2024, Sec. 3: the exchange is hidden once a
+    // block's compute outlasts it).
     if (op->kind == OpKind::kAttention && op->kv_calls > 1)
-      r.op_time_s += op->kv_calls * p_.cp_step_s;
+      t = std::max(t, op->kv_calls * p_.cp_step_s);
+    r.op_time_s = t + p_.launch_overhead_s;
     op_hbm_rate = op->bytes() / r.op_time_s;
     // Dynamic power follows the work done per second (Hong & Kim, ISCA 2010: component power =
     // maximum power x access rate). Tensor-core kernels: achieved FLOP rate over the best-shape

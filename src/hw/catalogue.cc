@@ -69,8 +69,8 @@ GpuSpec a100_sxm4_40gb() {
   a100.idle_power_w = 52;
   a100.clock_switch_s = 15e-3;  // [SWITCH]
   // [PERSEUS-SP] + [KAREUS-IT]: fitted by `kareus calibrate` (docs/emulator.md "Calibration").
-  a100.sm_power_w = 535.07;
-  a100.voltage_ratio = 1.38687;
+  a100.sm_power_w = 537.165;
+  a100.voltage_ratio = 1.37071;
   // [PERSEUS-SP]'s power alone suggests a floor near 1050-1100 MHz; the joint fit with
   // [KAREUS-IT] puts it lower (docs/emulator.md "Calibration").
   a100.voltage_knee_mhz = 900.067;
@@ -126,11 +126,11 @@ GpuSpec a40() {
   a40.idle_power_w = 30;       // estimate
   a40.clock_switch_s = 15e-3;  // [SWITCH]
   // Estimate, no per-clock measurement: the A100 fit scaled by the power budget above static
-  // power, 535.07 x (300 - 70) / (400 - 85) ([A40-DS] 300 W), so that a dense GEMM at the top
+  // power, 537.165 x (300 - 70) / (400 - 85) ([A40-DS] 300 W), so that a dense GEMM at the top
   // clock is capped as on the A100; the knee at the A100's fraction of the maximum clock
   // (900.067 / 1410 of 1740) and the A100's voltage ratio.
-  a40.sm_power_w = 390.7;
-  a40.voltage_ratio = 1.38687;
+  a40.sm_power_w = 392.22;
+  a40.voltage_ratio = 1.37071;
   a40.voltage_knee_mhz = 1111;
   a40.power_calibrated = false;
   a40.power_source = "estimate from the 300 W TDP and the A100 curve shape";
@@ -170,7 +170,7 @@ GpuSpec h100_sxm() {
   // 1980 MHz (same GH100 die, clocks and 700 W limit). Voltage ratio and knee: the A100's
   // fitted ratio, the knee at the A100's fraction of the maximum clock (estimates).
   h100.sm_power_w = 1041.1;
-  h100.voltage_ratio = 1.38687;
+  h100.voltage_ratio = 1.37071;
   h100.voltage_knee_mhz = 1264;  // 900.067 / 1410 of 1980
   h100.power_calibrated = false;
   h100.power_source =

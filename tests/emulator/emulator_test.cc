@@ -126,10 +126,18 @@ TEST(Emulator, AttentionByHandWithContextParallelCalls) {
   const double one = a.flops / (312e12 * best * 4096 / (4096 + 500)) + prm.launch_overhead_s;
   EXPECT_NEAR(m.simulate_sequence({a}, 1410, 24).time_s, one, one * 1e-9);
   a.kv_calls = 2;
-  // Each ring step also pays its fixed cost (P2P, output correction).
-  const double two =
-      a.flops / (312e12 * best * 2048 / (2048 + 500)) + prm.launch_overhead_s + 2 * prm.cp_step_s;
-  EXPECT_NEAR(m.simulate_sequence({a}, 1410, 24).time_s, two, two * 1e-9);
+  // Each ring step's exchange (1 ms here) runs under the step's attention (about 5 ms of the
+  // call's 11), so only the shorter calls' lower efficiency shows.
+  prm.cp_step_s = 1e-3;
+  const double compute = a.flops / (312e12 * best * 2048 / (2048 + 500));
+  ASSERT_GT(compute, 2 * prm.cp_step_s);
+  const double two = compute + prm.launch_overhead_s;
+  EXPECT_NEAR(EmulatorModel(gpu, prm).simulate_sequence({a}, 1410, 24).time_s, two, two * 1e-9);
+  // With 10 ms per exchange the ring waits for the keys: two steps of 10 ms.
+  prm.cp_step_s = 10e-3;
+  const double exposed = 2 * prm.cp_step_s + prm.launch_overhead_s;
+  EXPECT_NEAR(EmulatorModel(gpu, prm).simulate_sequence({a}, 1410, 24).time_s, exposed,
+              exposed * 1e-9);
 }
 
 TEST(Emulator, PartitionSyncIsIdleTimeOnEveryOverlappedPartition) {

@@ -239,7 +239,7 @@ TEST(CliFlags, CalibrateDefaultsToTheShippedData) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j.at("residuals").size(), 3u);
-  EXPECT_LT(j.at("rms_error").get<double>(), 0.06);  // committed fit: 5.7%
+  EXPECT_LT(j.at("rms_error").get<double>(), 0.07);  // committed fit: 6.1%
   EXPECT_EQ(j.at("evaluations").get<int>(), 0);
   const auto csv =
       test::source_path("data/calibration/a100-sxm4-40gb_llama3.2-3b_tp8_pp2_mbs8_seq4096.csv");
