@@ -63,7 +63,7 @@ TEST(Calibration, FitReproducesCommittedDefaults) {
     EXPECT_NEAR(*f.at(name), *d.at(name), 1e-4 * std::abs(*d.at(name))) << name;
   }
   EXPECT_NEAR(fit.stage_power_limit_w, kPerseusStagePowerLimitW, 0.5);
-  EXPECT_LT(fit.rms_error, 0.06);  // committed fit: 5.7%; each target within 10%
+  EXPECT_LT(fit.rms_error, 0.07);  // committed fit: 6.1%; each target within 10%
   ASSERT_EQ(fit.fit_part.size(), 1u);
   ASSERT_EQ(fit.held_out.size(), 1u);
   EXPECT_EQ(fit.held_out[0].model, "bloom-176b");
