@@ -17,8 +17,10 @@
 // points, 5 s windows, under the same noise), whose plan is scored the same way.
 //
 // Usage: frontier_truth [--budget N] [--strategy NAME] [--noise REL] [--seeds N]
-//          [--screen-window-s S] [--filter SUB[,SUB]] [--clock-completion] [--stop-threshold X]
-//          [--stop-patience N] [--threads N] [--json FILE]
+//          [--screen-window-s S] [--filter SUB[,SUB]] [--clock-completion] [--no-smooth-sweeps]
+//          [--sweep-stride N]
+//          [--stop-threshold X]
+//          [--stop-patience N] [--threads N] [--skip-today] [--json FILE]
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -54,6 +56,8 @@ struct Profile {
   double noise = kareus::kMeasuredNoiseRel.energy;
   double screen_window_s = 0;
   bool clock_completion = false;
+  bool smooth_sweeps = kareus::PlannerOptions{}.smooth_sweeps;
+  int sweep_stride = kareus::PlannerOptions{}.sweep_stride;
   double stop_threshold = 0;  ///< mbo's stop rule (SearchOptions), 0: off
   int stop_patience = kareus::SearchOptions{}.stop_patience;
   std::uint64_t seed = 1;
@@ -77,6 +81,8 @@ Scored plan_and_score(const kareus::Workload& w, const Profile& pr, double deadl
   o.search.stop_threshold = pr.stop_threshold;
   o.search.stop_patience = pr.stop_patience;
   o.clock_completion = pr.clock_completion;
+  o.smooth_sweeps = pr.smooth_sweeps;
+  o.sweep_stride = pr.sweep_stride;
   std::unique_ptr<kareus::EmulatorProfiler> screen_backend;
   std::unique_ptr<kareus::CachedProfiler> screen;
   if (pr.screen_window_s > 0) {
@@ -149,6 +155,7 @@ int main(int argc, char** argv) {
   Profile cheap;
   cheap.budget = 56;
   int seeds = 3, threads = 1;
+  bool skip_today = false;  // the default's column is the same for every cheap profile
   std::string filter, json_path;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -165,6 +172,12 @@ int main(int argc, char** argv) {
       cheap.screen_window_s = std::stod(next());
     else if (a == "--clock-completion")
       cheap.clock_completion = true;
+    else if (a == "--no-smooth-sweeps")
+      cheap.smooth_sweeps = false;
+    else if (a == "--sweep-stride")
+      cheap.sweep_stride = std::stoi(next());
+    else if (a == "--skip-today")
+      skip_today = true;
     else if (a == "--stop-threshold")
       cheap.stop_threshold = std::stod(next());
     else if (a == "--stop-patience")
@@ -176,10 +189,13 @@ int main(int argc, char** argv) {
     else if (a == "--json")
       json_path = next();
     else {
-      fmt::print(stderr,
-                 "usage: frontier_truth [--budget N] [--strategy NAME] [--noise REL] [--seeds N] "
-                 "[--screen-window-s S] [--clock-completion] [--stop-threshold X] "
-                 "[--stop-patience N] [--filter SUB[,SUB]] [--threads N] [--json FILE]\n");
+      fmt::print(
+          stderr,
+          "usage: frontier_truth [--budget N] [--strategy NAME] [--noise REL] [--seeds N] "
+          "[--screen-window-s S] [--clock-completion] [--no-smooth-sweeps] [--sweep-stride N] "
+          "[--stop-threshold X] "
+          "[--stop-patience N] [--filter SUB[,SUB]] [--threads N] [--skip-today] "
+          "[--json FILE]\n");
       return 2;
     }
   }
@@ -215,6 +231,7 @@ int main(int argc, char** argv) {
         Profile c = cheap;
         c.seed = static_cast<std::uint64_t>(s);
         r.cheap.push_back(plan_and_score(w, c, r.truth.deadline_s));
+        if (skip_today) continue;
         Profile t;
         t.seed = static_cast<std::uint64_t>(s);
         r.today.push_back(plan_and_score(w, t, r.truth.deadline_s));
@@ -239,6 +256,9 @@ int main(int argc, char** argv) {
   if (cheap.noise != kareus::kMeasuredNoiseRel.energy)
     cheap_name += fmt::format(" at energy noise {:g}", cheap.noise);
   if (cheap.clock_completion) cheap_name += " + clock completion";
+  if (!cheap.smooth_sweeps) cheap_name += " without smoothed sweeps";
+  if (cheap.smooth_sweeps)
+    cheap_name += fmt::format(", sweeps from every {} clocks", cheap.sweep_stride);
   if (cheap.stop_threshold > 0)
     cheap_name += fmt::format(" stopped at gain < {:g} over {} batches", cheap.stop_threshold,
                               cheap.stop_patience);
@@ -257,6 +277,10 @@ int main(int argc, char** argv) {
     auto stats = [&](const std::vector<Scored>& v, double& worst_e, double& worst_t,
                      double& hours) {
       double mean_e = 0;
+      if (v.empty()) {  // --skip-today
+        worst_e = worst_t = hours = 0;
+        return 0.0;
+      }
       worst_e = -1e9;
       worst_t = -1e9;
       hours = 0;
@@ -305,7 +329,7 @@ int main(int argc, char** argv) {
       "worst energy excess: cheap {:+.3f}%, today {:+.3f}%; profiling: cheap {:.1f} "
       "GPU-hours, today {:.1f} GPU-hours over the {} workloads ({:.1f}% of today)\n",
       100 * worst_cheap, 100 * worst_today, sum_cheap_h, sum_today_h, rows.size(),
-      100 * sum_cheap_h / sum_today_h);
+      sum_today_h > 0 ? 100 * sum_cheap_h / sum_today_h : 0.0);
   if (!json_path.empty()) std::ofstream(json_path) << j.dump(1) << "\n";
   return 0;
 }

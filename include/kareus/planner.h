@@ -94,6 +94,19 @@ struct PlannerOptions {
   /// After each partition search, measure at every clock the SM count and slot of the
   /// recommended points at the nearest clocks (Planner::complete_clocks).
   bool clock_completion = false;
+  /// Smooth every one-point-per-clock sweep the instructions are composed of (each segment, each
+  /// partition at NCCL's defaults) across the clocks with smooth_clock_sweep (search.h), at the
+  /// search's measurement noise (measurement_noise). A sweep is measured at every clock of the
+  /// run the first time any clock of it is asked for, so that every method sees the same value.
+  /// On by default: truth-scored iso-time plans lose less energy with it at every budget
+  /// measured (docs/search.md, "Smoothed sweeps"). Off where the measurements are exact (the
+  /// emulator with --noise 0): every clock is measured and nothing is smoothed.
+  bool smooth_sweeps = true;
+  /// With smooth_sweeps: measure each sweep at every sweep_stride-th clock counted down from the
+  /// fastest (and at the slowest), the smoother filling in the others; without, every clock.
+  /// 3 by default: truth-scored iso-time plans were as good as from every clock at 224 and at
+  /// 56 points, for 9% and 26% fewer GPU-hours on the paper suite (docs/search.md).
+  int sweep_stride = 3;
 };
 
 /// Progress of the pipeline: (stage name, done, total).
@@ -271,6 +284,22 @@ class Planner {
   MethodFrontier frontier_layers(Method m);  ///< uniform, or per-layer with the uniform points
   void apply_clock_switch_cost(MethodFrontier& mf) const;
   PartitionOption segment_cost(const Segment& s, int freq_mhz);
+  /// segment_cost within an instruction: from the smoothed sweep with o_.smooth_sweeps.
+  PartitionOption instruction_segment_cost(const Segment& s, int freq_mhz);
+  /// The measurements of `configs` (one partition), each taken from its smoothed sweep over
+  /// the run's clocks (same SMs and slot) with o_.smooth_sweeps, else as measured.
+  std::vector<Measurement> sweep_measurements(const Partition& p,
+                                              const std::vector<PartitionConfig>& configs);
+  /// The run's clocks, ascending, when sweeps are smoothed (at least 4 clocks, measurements
+  /// with noise); empty otherwise.
+  std::vector<int> smoothing_clocks() const;
+  /// The clocks of smoothing_clocks() a sweep is measured at (PlannerOptions::sweep_stride).
+  std::vector<int> sweep_clocks() const;
+  /// The smoothed sweep `key` per clock of smoothing_clocks(), measured on first use by
+  /// `measure` at sweep_clocks() (one measurement per clock given).
+  const std::map<int, Measurement>& smoothed_sweep(
+      const std::string& key,
+      const std::function<std::vector<Measurement>(const std::vector<int>&)>& measure);
   int complete_clocks(const Partition& p, const SearchSpace& space, SearchResult& r);
   PartitionConfig baseline_config(const Partition& p, int freq_mhz) const;
   const PartitionSet& sequential_partitions();
@@ -288,6 +317,9 @@ class Planner {
   std::vector<PartitionSearchSummary> summaries_;
   std::map<std::string, PartitionFronts> searched_fronts_;  ///< by partition key
   std::map<Method, MethodFrontier> frontiers_;              ///< frontier(m), computed once
+  /// Smoothed sweeps, per clock: segments by signature and name, partitions by key and
+  /// (SMs, slot).
+  std::map<std::string, std::map<int, Measurement>> smoothed_;
   /// Under --per-layer: the same job planned uniformly, whose points the per-layer frontier
   /// takes (frontier()).
   std::shared_ptr<Planner> uniform_planner_;

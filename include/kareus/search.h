@@ -184,6 +184,30 @@ std::vector<Measurement> smoothed_estimates(const std::vector<SearchPoint>& poin
                                             const SearchSpace& space, const SearchOptions& o,
                                             const PriorPrediction* prior = nullptr);
 
+/// The repeatability a search assumes: with o.noise_rel given (>= 0), it and o.time_noise_rel
+/// (or kTimeNoiseShare of it); otherwise the backend's (Profiler::noise_rel, kMeasuredNoiseRel
+/// where it does not know), o.time_noise_rel replacing its time where given.
+NoiseRel measurement_noise(const SearchOptions& o, const Profiler& backend);
+
+/// The largest penalty smooth_clock_sweep tries: at it the smoother leaves the least-squares
+/// line over the clock.
+inline constexpr double kMaxSweepPenalty = 1e6;
+
+/// One measurement per clock of the same work (a segment, a partition at a fixed configuration;
+/// freqs_mhz ascending), smoothed across clocks: log time and log energy each by a Whittaker
+/// smoother whose penalty minimises the unbiased risk estimate at the given noise (Mallows'
+/// Cp), static energy following the smoothed time and dynamic energy the rest. Noise 0, fewer
+/// than 4 clocks or a non-positive value return the sweep unchanged. See clock_sweep.cc.
+std::vector<Measurement> smooth_clock_sweep(const std::vector<int>& freqs_mhz,
+                                            const std::vector<Measurement>& sweep, NoiseRel noise);
+/// The same, with the sweep measured at freqs_mhz only and the values wanted at at_mhz (both
+/// ascending): clocks without a measurement are filled in by the smoother (the smoothest curve
+/// through the measurements, at the chosen penalty). Fewer than 4 measured clocks, or a
+/// non-positive value, give each clock the measurement at the nearest measured clock.
+std::vector<Measurement> smooth_clock_sweep(const std::vector<int>& freqs_mhz,
+                                            const std::vector<Measurement>& sweep, NoiseRel noise,
+                                            const std::vector<int>& at_mhz);
+
 /// Normalized hypervolume of measured points on (time_s, energy_j): objectives min-max scaled
 /// by `lo`/`hi`, reference point 1.1 in each scaled objective.
 double normalized_hypervolume(const std::vector<Point2>& pts, Point2 lo, Point2 hi);

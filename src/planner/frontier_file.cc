@@ -276,7 +276,9 @@ nlohmann::json planner_to_json(const PlannerOptions& o) {
           // What the searches knew before measuring: a frontier planned with a warm start or
           // the emulator as prior is not the cold-start one.
           {"prior", o.search.prior ? o.search.prior->name() : std::string("none")},
-          {"clock_completion", o.clock_completion}};
+          {"clock_completion", o.clock_completion},
+          {"smooth_sweeps", o.smooth_sweeps},
+          {"sweep_stride", o.sweep_stride}};
 }
 
 }  // namespace

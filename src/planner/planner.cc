@@ -97,6 +97,9 @@ Planner::Planner(const Workload& w, CachedProfiler& profiler, PlannerOptions o,
     }
     freqs_ = {*fixed};
   }
+  if (o_.sweep_stride < 1) {
+    throw InvalidInput(fmt::format("sweep stride {}: must be at least 1", o_.sweep_stride));
+  }
   for (int f : freqs_) {
     if (!w_.gpu().supports_freq(f)) {
       throw InvalidInput(fmt::format("frequency {} MHz: {} supports {}..{} MHz in {} MHz steps", f,
@@ -263,6 +266,83 @@ PartitionOption Planner::segment_cost(const Segment& s, int freq_mhz) {
   return {{freq_mhz, 0, "-"}, m.time_s, m.dynamic_energy_j};
 }
 
+std::vector<int> Planner::smoothing_clocks() const {
+  if (!o_.smooth_sweeps || freqs_.size() < 4) return {};
+  // Exact measurements (the emulator with --noise 0, the oracle) need no smoothing, and no
+  // clock is skipped: every sweep is measured whole.
+  const NoiseRel noise = measurement_noise(o_.search, profiler_.backend());
+  if (noise.time <= 0 && noise.energy <= 0) return {};
+  std::vector<int> f = freqs_;
+  std::sort(f.begin(), f.end());
+  return f;
+}
+
+std::vector<int> Planner::sweep_clocks() const {
+  const std::vector<int> all = smoothing_clocks();
+  std::vector<int> some;
+  const auto stride = static_cast<std::size_t>(std::max(1, o_.sweep_stride));
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (i == 0 || (all.size() - 1 - i) % stride == 0) some.push_back(all[i]);
+  }
+  return some;
+}
+
+const std::map<int, Measurement>& Planner::smoothed_sweep(
+    const std::string& key,
+    const std::function<std::vector<Measurement>(const std::vector<int>&)>& measure) {
+  auto it = smoothed_.find(key);
+  if (it != smoothed_.end()) return it->second;
+  const std::vector<int> clocks = smoothing_clocks(), measured = sweep_clocks();
+  const std::vector<Measurement> sweep = smooth_clock_sweep(
+      measured, measure(measured), measurement_noise(o_.search, profiler_.backend()), clocks);
+  std::map<int, Measurement> by_clock;
+  for (std::size_t i = 0; i < clocks.size(); ++i) by_clock[clocks[i]] = sweep[i];
+  return smoothed_.emplace(key, std::move(by_clock)).first->second;
+}
+
+PartitionOption Planner::instruction_segment_cost(const Segment& s, int freq_mhz) {
+  const std::vector<int> clocks = smoothing_clocks();
+  if (clocks.empty() || !std::binary_search(clocks.begin(), clocks.end(), freq_mhz)) {
+    return segment_cost(s, freq_mhz);
+  }
+  const Measurement& m =
+      smoothed_sweep(segment_signature(s) + "/" + s.name, [&](const std::vector<int>& measured) {
+        std::vector<std::pair<const Segment*, int>> points;
+        points.reserve(measured.size());
+        for (int f : measured) points.emplace_back(&s, f);
+        profiler_.measure_segments(points);
+        std::vector<Measurement> sweep;
+        sweep.reserve(measured.size());
+        for (int f : measured) sweep.push_back(profiler_.measure_segment(s, f));
+        return sweep;
+      }).at(freq_mhz);
+  return {{freq_mhz, 0, "-"}, m.time_s, m.dynamic_energy_j};
+}
+
+std::vector<Measurement> Planner::sweep_measurements(const Partition& p,
+                                                     const std::vector<PartitionConfig>& configs) {
+  const std::vector<int> clocks = smoothing_clocks();
+  if (clocks.empty()) return profiler_.measure_batch(p, configs);
+  std::vector<Measurement> out;
+  out.reserve(configs.size());
+  for (const PartitionConfig& c : configs) {
+    if (!std::binary_search(clocks.begin(), clocks.end(), c.freq_mhz)) {
+      out.push_back(profiler_.measure(p, c));
+      continue;
+    }
+    const auto& sweep = smoothed_sweep(fmt::format("{}/{}/{}", p.key, c.sms, c.slot),
+                                       [&](const std::vector<int>& measured) {
+                                         std::vector<PartitionConfig> sweep_configs;
+                                         sweep_configs.reserve(measured.size());
+                                         for (int f : measured)
+                                           sweep_configs.push_back({f, c.sms, c.slot});
+                                         return profiler_.measure_batch(p, sweep_configs);
+                                       });
+    out.push_back(sweep.at(c.freq_mhz));
+  }
+  return out;
+}
+
 // Measures, in compose_instruction's order, every segment cost it is about to ask for: one call,
 // so that distributed profiling (CachedProfiler's parallel mode) measures them side by side.
 static void prefetch_segments(CachedProfiler& prof, const PartitionSet& ps, int stage,
@@ -285,9 +365,12 @@ std::vector<InstructionOption> Planner::compose_method(Method m, int stage, Inst
   ComposeOptions co;
   co.per_instance = per_instance;
   co.freqs_mhz = freqs_mhz;
-  SegmentCostFn seg = [this](const Segment& s, int f) { return segment_cost(s, f); };
+  SegmentCostFn seg = [this](const Segment& s, int f) { return instruction_segment_cost(s, f); };
+  // The clocks the segments are measured at: with smoothed sweeps, those of the sweep.
+  const std::vector<int> segment_clocks =
+      smoothing_clocks().empty() ? co.freqs_mhz : sweep_clocks();
   if (m == Method::kPerseus || m == Method::kMegatron) {
-    prefetch_segments(profiler_, sequential_partitions(), stage, k, co.freqs_mhz);
+    prefetch_segments(profiler_, sequential_partitions(), stage, k, segment_clocks);
     std::vector<InstructionOption> seq =
         compose_instruction(sequential_partitions(), stage, k, {}, seg, co);
     for (auto& o : seq) o.sequential = true;
@@ -304,14 +387,14 @@ std::vector<InstructionOption> Planner::compose_method(Method m, int stage, Inst
     for (const auto& p : ps_.partitions) {
       std::vector<PartitionConfig> configs;
       for (int f : co.freqs_mhz) configs.push_back(baseline_config(p, f));
-      const std::vector<Measurement> meas = profiler_.measure_batch(p, configs);
+      const std::vector<Measurement> meas = sweep_measurements(p, configs);
       for (std::size_t i = 0; i < configs.size(); ++i) {
         fronts[p.key][configs[i].freq_mhz] = {
             {configs[i], meas[i].time_s, meas[i].dynamic_energy_j}};
       }
     }
   }
-  prefetch_segments(profiler_, ps_, stage, k, co.freqs_mhz);
+  prefetch_segments(profiler_, ps_, stage, k, segment_clocks);
   return compose_instruction(ps_, stage, k, fronts, seg, co);
 }
 

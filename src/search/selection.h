@@ -23,6 +23,14 @@ std::vector<double> measurement_weights(const SearchOptions& o, double noise_rel
 /// most 999 (residuals within the noise); 1 when either variance is 0.
 double leaf_shrinkage(double noise_var, double residual_var);
 
+/// The Whittaker smoother (Eilers 2003) of per-position sums `sums` over `counts` points at the
+/// ascending positions x: penalty on squared second divided differences scaled by the squared
+/// mean step. With `hat_trace`, also the trace of the hat matrix (the smoother's degrees of
+/// freedom, sum_i counts_i (A^-1)_ii).
+std::vector<double> whittaker_smooth(const std::vector<double>& x, const std::vector<int>& counts,
+                                     const std::vector<double>& sums, double penalty,
+                                     double* hat_trace = nullptr);
+
 /// The clock effect of mbo's additive model: the Whittaker smoother (Eilers 2003) of the
 /// per-clock residual sums `sums` over `counts` points, with `penalty` on squared second
 /// divided differences scaled by the squared mean clock step; freqs_mhz ascending.

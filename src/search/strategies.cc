@@ -42,20 +42,26 @@
 
 namespace kareus {
 
+NoiseRel measurement_noise(const SearchOptions& o, const Profiler& backend) {
+  if (o.noise_rel >= 0) return noise_with_time_share(o.noise_rel, o.time_noise_rel);
+  const NoiseRel b = backend.noise_rel().value_or(kMeasuredNoiseRel);
+  return {o.time_noise_rel >= 0 ? o.time_noise_rel : b.time, b.energy};
+}
+
 // a = argmin sum_f (n_f a_f^2 - 2 a_f s_f) + penalty |D a|^2, i.e. (diag(n) + penalty D'D) a =
-// s, where the rows of D are second divided differences scaled by the squared mean clock step
+// s, where the rows of D are second divided differences over x scaled by the squared mean step
 // (so even steps give (1, -2, 1)). The system is symmetric positive definite once two clocks
 // are measured; a tiny ridge keeps it so with one. Dense elimination: a GPU has ~20 clocks.
-std::vector<double> whittaker_clock_effect(const std::vector<int>& freqs_mhz,
-                                           const std::vector<int>& counts,
-                                           const std::vector<double>& sums, double penalty) {
-  const std::size_t k = freqs_mhz.size();
-  std::vector<double> m(k * k, 0.0), rhs = sums, a(k, 0.0);
+std::vector<double> whittaker_smooth(const std::vector<double>& x, const std::vector<int>& counts,
+                                     const std::vector<double>& sums, double penalty,
+                                     double* hat_trace) {
+  const std::size_t k = x.size();
+  std::vector<double> m(k * k, 0.0), a(k, 0.0);
   for (std::size_t f = 0; f < k; ++f) m[f * k + f] = counts[f] + 1e-9;
   if (k >= 3) {
-    const double step = static_cast<double>(freqs_mhz.back() - freqs_mhz.front()) / (k - 1);
+    const double step = (x.back() - x.front()) / static_cast<double>(k - 1);
     for (std::size_t c = 1; c + 1 < k; ++c) {
-      const double h1 = freqs_mhz[c] - freqs_mhz[c - 1], h2 = freqs_mhz[c + 1] - freqs_mhz[c];
+      const double h1 = x[c] - x[c - 1], h2 = x[c + 1] - x[c];
       const double d[3] = {2 * step * step / (h1 * (h1 + h2)), -2 * step * step / (h1 * h2),
                            2 * step * step / (h2 * (h1 + h2))};
       for (std::size_t i = 0; i < 3; ++i) {
@@ -64,21 +70,42 @@ std::vector<double> whittaker_clock_effect(const std::vector<int>& freqs_mhz,
       }
     }
   }
+  // Right-hand sides: the sums and, for the hat matrix A^-1 diag(counts), the identity.
+  const std::size_t cols = hat_trace ? k + 1 : 1;
+  std::vector<double> rhs(k * cols, 0.0), sol(k * cols, 0.0);
+  for (std::size_t r = 0; r < k; ++r) {
+    rhs[r * cols] = sums[r];
+    if (hat_trace) rhs[r * cols + 1 + r] = 1;
+  }
   // Gaussian elimination without pivoting (the matrix is positive definite).
   for (std::size_t c = 0; c < k; ++c) {
     for (std::size_t r = c + 1; r < k; ++r) {
       const double f = m[r * k + c] / m[c * k + c];
       if (f == 0) continue;
       for (std::size_t j = c; j < k; ++j) m[r * k + j] -= f * m[c * k + j];
-      rhs[r] -= f * rhs[c];
+      for (std::size_t j = 0; j < cols; ++j) rhs[r * cols + j] -= f * rhs[c * cols + j];
     }
   }
   for (std::size_t c = k; c-- > 0;) {
-    double v = rhs[c];
-    for (std::size_t j = c + 1; j < k; ++j) v -= m[c * k + j] * a[j];
-    a[c] = v / m[c * k + c];
+    for (std::size_t col = 0; col < cols; ++col) {
+      double v = rhs[c * cols + col];
+      for (std::size_t j = c + 1; j < k; ++j) v -= m[c * k + j] * sol[j * cols + col];
+      sol[c * cols + col] = v / m[c * k + c];
+    }
+  }
+  for (std::size_t r = 0; r < k; ++r) a[r] = sol[r * cols];
+  if (hat_trace) {
+    *hat_trace = 0;
+    for (std::size_t r = 0; r < k; ++r) *hat_trace += sol[r * cols + 1 + r] * counts[r];
   }
   return a;
+}
+
+std::vector<double> whittaker_clock_effect(const std::vector<int>& freqs_mhz,
+                                           const std::vector<int>& counts,
+                                           const std::vector<double>& sums, double penalty) {
+  return whittaker_smooth(std::vector<double>(freqs_mhz.begin(), freqs_mhz.end()), counts, sums,
+                          penalty);
 }
 
 std::vector<std::size_t> SearchResult::front() const {
@@ -676,11 +703,9 @@ class MboSearch : public SearchStrategy {
                    const SearchOptions& options, const SearchProgress& progress) override {
     validate(options);
     SearchOptions o = options;
-    if (o.noise_rel < 0) {
-      const NoiseRel backend = prof.backend().noise_rel().value_or(kMeasuredNoiseRel);
-      o.noise_rel = backend.energy;
-      if (o.time_noise_rel < 0) o.time_noise_rel = backend.time;
-    }
+    const NoiseRel noise = measurement_noise(o, prof.backend());
+    o.noise_rel = noise.energy;
+    o.time_noise_rel = noise.time;
     const std::size_t total = space.size();
     const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(o.budget), total);
     Recorder rec(part, space, prof, static_cast<int>(n), progress);
@@ -860,6 +885,7 @@ class MboSearch : public SearchStrategy {
     std::vector<std::size_t> out;
     while (out.size() < want && !free.empty()) {
       std::vector<Point2> pts;
+      pts.reserve(free.size());
       for (std::size_t i : free) pts.push_back({z.log_time_s[i], z.log_energy_j[i]});
       auto layer = pareto_front(pts);  // time ascending
       const std::size_t take = std::min(want - out.size(), layer.size());

@@ -626,6 +626,63 @@ TEST(Plan, ScreenedPlanningMeasuresTheSearchWithTheShortWindow) {
   EXPECT_LT(c.gpu_s(), unscreened.profiling_cost.gpu_s());
 }
 
+// With smoothed sweeps, Perseus's options are the sums of its segments' smoothed sweeps: every
+// option of stage 0's forward table recomputed here from a fresh profiler with the same noise
+// seed, each segment measured at every clock (stride 1) or at every 3rd from the fastest and
+// the slowest (stride 3) and smoothed by smooth_clock_sweep. Without smoothing the same sums of
+// the raw measurements at every clock.
+TEST(Plan, SmoothedSweepsComposeTheSmoothedSegments) {
+  const Workload w = load_workload(test::paper_workload("qwen3-1.7b_cp2tp4_mbs8_seq4096"));
+  Workload whole = w;
+  whole.batch.nano_batches = 1;
+  const PartitionSet seq = partition_workload(whole);
+  std::vector<int> freqs = w.gpu().candidate_freqs_mhz();
+  std::sort(freqs.begin(), freqs.end());
+  ASSERT_EQ(freqs.size(), 18u);
+  int measured_every = 0;
+  for (const auto& [smooth, stride] : {std::pair{true, 1}, {true, 3}, {false, 1}}) {
+    PlannerOptions o;
+    o.smooth_sweeps = smooth;
+    o.sweep_stride = stride;
+    EmulatorProfiler backend(test::emulator_options(w.gpu_name));
+    CachedProfiler cp(backend, nullptr);
+    Planner planner(w, cp, o);
+    const MethodFrontier f = planner.frontier(Method::kPerseus);
+    std::vector<int> measured;
+    for (std::size_t i = 0; i < freqs.size(); ++i) {
+      if (i == 0 || (freqs.size() - 1 - i) % static_cast<std::size_t>(stride) == 0) {
+        measured.push_back(freqs[i]);
+      }
+    }
+    EmulatorProfiler fresh(test::emulator_options(w.gpu_name));
+    std::map<int, double> time_s, dyn_j;
+    for (const Step& st : seq.instruction(0, InstructionKind::kForward).steps) {
+      ASSERT_EQ(st.kind, Step::Kind::kSegment);
+      const Segment& g = seq.segments[static_cast<std::size_t>(st.index)];
+      std::vector<Measurement> sweep;
+      for (int x : measured) sweep.push_back(fresh.measure_segment(g, x));
+      if (smooth) sweep = smooth_clock_sweep(measured, sweep, *fresh.noise_rel(), freqs);
+      for (std::size_t i = 0; i < freqs.size(); ++i) {
+        time_s[freqs[i]] += sweep[i].time_s;
+        dyn_j[freqs[i]] += sweep[i].dynamic_energy_j;
+      }
+    }
+    ASSERT_FALSE(f.tables.at(0).empty());
+    for (const InstructionOption& opt : f.tables.at(0)) {
+      EXPECT_NEAR(opt.time_s / time_s.at(opt.freq_mhz), 1, 1e-9) << stride << opt.freq_mhz;
+      EXPECT_NEAR(opt.dynamic_energy_j / dyn_j.at(opt.freq_mhz), 1, 1e-9)
+          << smooth << stride << opt.freq_mhz;
+    }
+    // The stride measured 7 of the 18 clocks of each sweep (and the same fmax-only messages and
+    // reductions): fewer than half the points.
+    if (stride == 1 && smooth) {
+      measured_every = cp.measured();
+    } else if (stride == 3) {
+      EXPECT_LT(cp.measured() * 2, measured_every);
+    }
+  }
+}
+
 // Clock completion measures, for every clock, the SM count and slot of the recommended points
 // at the nearest clock at or below and at or above it, where the search has not measured them:
 // the same set recomputed here from a search with the same seed and noise.

@@ -440,21 +440,56 @@ TEST(Cli, SearchWarmStartFromTheStoreAndTheEmulatorPrior) {
   EXPECT_NE(bad_prior.err.find("--prior"), std::string::npos) << bad_prior.err;
 }
 
+// `kareus optimize WORKLOAD --quiet --json --out DIR FLAGS` (exit 0 expected): its JSON and
+// DIR/frontier.json.
+std::pair<nlohmann::json, nlohmann::json> optimize_json(test::TempDir& tmp,
+                                                        const std::string& workload,
+                                                        const std::string& out,
+                                                        const std::string& flags) {
+  const auto r = test::run_cli("optimize " + workload + " --quiet --json --out " + tmp.file(out) +
+                               " " + flags);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream in(tmp.file(out + "/frontier.json"));
+  return {nlohmann::json::parse(r.out), nlohmann::json::parse(in)};
+}
+
+// Smoothed sweeps are on by default, from every 3rd clock, and recorded: a stride of 3 measures
+// each segment at 7 of the A100's 18 clocks (every 3rd from 1410 MHz, and 900), so the run
+// measures fewer points than with stride 1 or without smoothing (every clock). A stride asked
+// for without smoothing, or below 1, exits 2 naming the flag.
+TEST(Cli, SweepSmoothingFlagsAreRecordedAndChecked) {
+  test::TempDir tmp;
+  const std::string qwen = test::paper_workload("qwen3-1.7b_tp8_mbs8_seq4096");
+  const auto [def, def_frontier] = optimize_json(tmp, qwen, "default", "--budget 21");
+  const auto [every, every_frontier] =
+      optimize_json(tmp, qwen, "every", "--budget 21 --sweep-stride 1");
+  const auto [raw, raw_frontier] =
+      optimize_json(tmp, qwen, "raw", "--budget 21 --no-smooth-sweeps");
+  EXPECT_EQ(def_frontier["planner"]["smooth_sweeps"], true);
+  EXPECT_EQ(def_frontier["planner"]["sweep_stride"], 3);
+  EXPECT_EQ(every_frontier["planner"]["sweep_stride"], 1);
+  EXPECT_EQ(raw_frontier["planner"]["smooth_sweeps"], false);
+  // Smoothing every clock measures the same points as no smoothing; the stride fewer.
+  const int points = every["profiling"]["points"];
+  EXPECT_EQ(raw["profiling"]["points"], points);
+  EXPECT_LT(def["profiling"]["points"].get<int>(), points);
+  for (const std::string bad : {" --no-smooth-sweeps --sweep-stride 2", " --sweep-stride 0"}) {
+    const auto r =
+        test::run_cli("optimize " + qwen + " --budget 21 --quiet --out " + tmp.file("bad") + bad);
+    EXPECT_EQ(r.exit_code, 2) << bad;
+    EXPECT_NE(r.err.find("stride"), std::string::npos) << r.err;
+  }
+}
+
 // What the searches knew is part of the result: optimize --json names each partition's prior
 // and frontier.json records it with the planning options, so a warm-started frontier is not
 // mistaken for a cold one.
 TEST(Cli, OptimizeRecordsThePriorPerPartitionAndInTheFrontier) {
   test::TempDir tmp;
   const std::string qwen = test::paper_workload("qwen3-1.7b_tp8_mbs8_seq4096");
-  auto optimize = [&](const std::string& out, const std::string& extra) {
-    const auto r = test::run_cli("optimize " + qwen + " --budget 28 --quiet --json --out " +
-                                 tmp.file(out) + extra);
-    EXPECT_EQ(r.exit_code, 0) << r.err;
-    std::ifstream in(tmp.file(out + "/frontier.json"));
-    return std::make_pair(nlohmann::json::parse(r.out), nlohmann::json::parse(in));
-  };
-  const auto [cold, cold_frontier] = optimize("cold", "");
-  const auto [prior, prior_frontier] = optimize("prior", " --prior emulator");
+  const auto [cold, cold_frontier] = optimize_json(tmp, qwen, "cold", "--budget 28");
+  const auto [prior, prior_frontier] =
+      optimize_json(tmp, qwen, "prior", "--budget 28 --prior emulator");
   EXPECT_EQ(cold_frontier["planner"]["prior"], "none");
   EXPECT_EQ(prior_frontier["planner"]["prior"], "emulator");
   EXPECT_EQ(prior_frontier["planner"]["clock_completion"], false);

@@ -30,6 +30,7 @@ struct PlannerFlags {
   PlannerOptions planner;
   ScreeningFlags screening;
   bool quiet = false;
+  bool sweep_stride_given = false;  ///< --sweep-stride was on the command line
 };
 
 inline void add_planner_flags(CLI::App* cmd, PlannerFlags& f) {
@@ -59,6 +60,21 @@ inline void add_planner_flags(CLI::App* cmd, PlannerFlags& f) {
                 "after each partition search, also measure every clock with the SM count and "
                 "slot of the recommended points at the nearest clocks (about 4% more points at "
                 "56 per partition; docs/search.md)");
+  cmd->add_flag("--smooth-sweeps,!--no-smooth-sweeps", f.planner.smooth_sweeps,
+                "smooth each one-point-per-clock sweep (segments, NCCL-default partitions) "
+                "across the clocks at the measurement noise before composing; on by default "
+                "(docs/search.md, \"Smoothed sweeps\")")
+      ->capture_default_str();
+  cmd->add_option_function<int>(
+         "--sweep-stride",
+         [&f](int n) {
+           f.planner.sweep_stride = n;
+           f.sweep_stride_given = true;
+         },
+         fmt::format("measure each smoothed sweep at every N-th clock from the fastest (and the "
+                     "slowest), the smoother filling in the rest (default {})",
+                     PlannerOptions{}.sweep_stride))
+      ->check(CLI::Range(1, 64));
   cmd->add_flag("--quiet", f.quiet, "no progress display");
   add_profiling_flags(cmd, f.profiling);
   add_screening_flags(cmd, f.screening);
@@ -82,6 +98,12 @@ inline void check_planner_flags(const PlannerFlags& f) {
   }
   check_profiling_flags(f.profiling);
   if (f.screening.on()) screening_options(f.screening, f.profiling, false);
+  if (f.sweep_stride_given && f.planner.sweep_stride > 1 && !f.planner.smooth_sweeps) {
+    throw InvalidInput(fmt::format(
+        "--sweep-stride {} needs smoothed sweeps, which fill in the clocks it skips: drop "
+        "--no-smooth-sweeps or --sweep-stride",
+        f.planner.sweep_stride));
+  }
 }
 
 /// What the planning pipeline measures with: the full-window session and, with
