@@ -12,7 +12,7 @@
 // kinked curve (the power cap's plateau, a roofline knee) keeps a small penalty, a curve whose
 // wiggles are all noise gets a large one. Energy is smoothed as the total, on which the noise
 // falls; the dynamic share, a difference, is 1.4-2.6 times noisier in relative terms. Against
-// the noise-free emulator, over every segment of four workloads (A100, H100, H200) x 4 seeds,
+// the noise-free emulator, over every segment of three workloads (A100, H100, H200) x 4 seeds,
 // this left 0.73-1.42% RMS error in dynamic energy where the raw sweeps had 1.41-2.64%, and
 // 0.04-0.07% in time where they had 0.10% (tests/search/clock_sweep_test.cc). A
 // moment estimate of the curvature (second differences less their noise share) was tried first:
