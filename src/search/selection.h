@@ -11,7 +11,8 @@ namespace kareus {
 /// Weights of the measurements m against the cross-fitted predictions `pred` of one objective
 /// (see select_front): o.measurement_weight for every point, or with -1 the empirical-Bayes
 /// weight (v_i + tau^2) / (v_i + tau^2 + noise_rel^2), where v_i = model_var[i] and tau^2 =
-/// max(0, mean over `near_front` of ((log m - log pred)^2 - v) - noise_rel^2).
+/// max(0, mean over neighbouring pairs of `near_front` (in order along the front) of ((r_k -
+/// r_{k-1})^2 - v_k - v_{k-1}) / 2 - noise_rel^2), r = log m - log pred.
 std::vector<double> measurement_weights(const SearchOptions& o, double noise_rel,
                                         const std::vector<double>& m,
                                         const std::vector<double>& pred,
@@ -26,10 +27,12 @@ double leaf_shrinkage(double noise_var, double residual_var);
 /// The Whittaker smoother (Eilers 2003) of per-position sums `sums` over `counts` points at the
 /// ascending positions x: penalty on squared second divided differences scaled by the squared
 /// mean step. With `hat_trace`, also the trace of the hat matrix (the smoother's degrees of
-/// freedom, sum_i counts_i (A^-1)_ii).
+/// freedom, sum_i counts_i (A^-1)_ii); with `variance_factor`, each smoothed value's variance
+/// per unit variance of one draw (sum_j (A^-1)_ij^2 counts_j).
 std::vector<double> whittaker_smooth(const std::vector<double>& x, const std::vector<int>& counts,
                                      const std::vector<double>& sums, double penalty,
-                                     double* hat_trace = nullptr);
+                                     double* hat_trace = nullptr,
+                                     std::vector<double>* variance_factor = nullptr);
 
 /// The clock effect of mbo's additive model: the Whittaker smoother (Eilers 2003) of the
 /// per-clock residual sums `sums` over `counts` points, with `penalty` on squared second

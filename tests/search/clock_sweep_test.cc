@@ -99,6 +99,26 @@ TEST(SmoothClockSweep, HatTraceAtThePenaltysEnds) {
   EXPECT_NEAR(dof, 2, 1e-3);
 }
 
+// The smoothed value's variance per unit draw variance, at the penalty's two ends: without a
+// penalty each position is its own mean (1 / n); with an infinite one, the least-squares line,
+// whose variance at x is the regression's leverage 1/3 + x^2 / 2 at x = -1, 0, 1 (one point
+// each), and 1/6 + x^2 / 4 with two points at every position.
+TEST(SmoothClockSweep, VarianceFactorAtThePenaltysEnds) {
+  const std::vector<double> x = {-1, 0, 1}, y(3, 0.0);
+  std::vector<double> var;
+  whittaker_smooth(x, {1, 2, 4}, y, 0, nullptr, &var);
+  EXPECT_NEAR(var[0], 1.0, 1e-6);
+  EXPECT_NEAR(var[1], 0.5, 1e-6);
+  EXPECT_NEAR(var[2], 0.25, 1e-6);
+  whittaker_smooth(x, {1, 1, 1}, y, 1e9, nullptr, &var);
+  EXPECT_NEAR(var[0], 5.0 / 6, 1e-4);
+  EXPECT_NEAR(var[1], 1.0 / 3, 1e-4);
+  EXPECT_NEAR(var[2], 5.0 / 6, 1e-4);
+  whittaker_smooth(x, {2, 2, 2}, y, 1e9, nullptr, &var);
+  EXPECT_NEAR(var[0], 5.0 / 12, 1e-4);
+  EXPECT_NEAR(var[1], 1.0 / 6, 1e-4);
+}
+
 // Brute force: a 5-clock sweep with uneven steps, smoothed by solving (I + p D'D) z = y with
 // an explicit inverse (Gauss-Jordan with partial pivoting, written here), the risk
 // RSS + 2 s^2 tr((I + p D'D)^-1) evaluated on the same grid of penalties, the best z compared

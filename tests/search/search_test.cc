@@ -265,20 +265,28 @@ TEST(Search, MeasurementWeightsAreThePrecisionShares) {
   SearchOptions o;
   ASSERT_EQ(o.measurement_weight, -1);  // automatic by default
   const std::vector<double> m = {1.0, 1.0, 1.0, 1.0};
-  // Log residuals 0.02, -0.02, 0 on the near-front points; the fourth point is far behind the
-  // front and its misfit of 0.5 must not count.
+  // Log residuals r = log m - log pred of -0.02, 0.02, 0 on the near-front points, in their order
+  // along the front; the fourth point is far behind the front and its misfit of 0.5 must not
+  // count.
   const std::vector<double> pred = {std::exp(0.02), std::exp(-0.02), 1.0, std::exp(0.5)};
   const std::vector<double> v = {1e-4, 1e-4, 2e-4, 1e-4};
-  // tau^2 = (4e-4 + 4e-4 + 0 - 4e-4) / 3 - 1e-4 = 1/3 x 1e-4, so w = (v + tau^2) / (v + tau^2 +
-  // s^2): 4/7 for v = 1e-4 and 7/10 for v = 2e-4.
+  // Neighbours' halved squared differences less their mean v: (0.04^2 - 2e-4) / 2 = 7e-4 and
+  // (0.02^2 - 3e-4) / 2 = 0.5e-4; tau^2 = (7e-4 + 0.5e-4) / 2 - 1e-4 = 2.75e-4, so w = (v +
+  // tau^2) / (v + tau^2 + s^2): 15/19 for v = 1e-4 and 19/23 for v = 2e-4.
   auto w = measurement_weights(o, 0.01, m, pred, v, {0, 1, 2});
   ASSERT_EQ(w.size(), 4u);
-  EXPECT_NEAR(w[0], 4.0 / 7, 1e-12);
-  EXPECT_NEAR(w[1], 4.0 / 7, 1e-12);
-  EXPECT_NEAR(w[2], 0.7, 1e-12);
-  EXPECT_NEAR(w[3], 4.0 / 7, 1e-12);
+  EXPECT_NEAR(w[0], 15.0 / 19, 1e-12);
+  EXPECT_NEAR(w[1], 15.0 / 19, 1e-12);
+  EXPECT_NEAR(w[2], 19.0 / 23, 1e-12);
+  EXPECT_NEAR(w[3], 15.0 / 19, 1e-12);
   // A model that fits to within the noise: tau^2 = 0, w = v / (v + s^2).
   w = measurement_weights(o, 0.01, m, m, v, {0, 1, 2, 3});
+  EXPECT_NEAR(w[0], 0.5, 1e-12);
+  EXPECT_NEAR(w[2], 2.0 / 3, 1e-12);
+  // A misfit common to the near-front points (every prediction 3% low) moves them together and
+  // cannot reorder them: no tau^2 either, where a mean square of residuals would count 9e-4.
+  const std::vector<double> low = {std::exp(-0.03), std::exp(-0.03), std::exp(-0.03), 1.0};
+  w = measurement_weights(o, 0.01, m, low, v, {0, 1, 2});
   EXPECT_NEAR(w[0], 0.5, 1e-12);
   EXPECT_NEAR(w[2], 2.0 / 3, 1e-12);
   // Noise-free measurements are taken as they are; a fixed weight is used as given.
