@@ -8,6 +8,9 @@
 //          --strategy exhaustive measures every configuration once: the floor of any search
 //          under that noise; --noise sets the cheap profile's energy noise, e.g. the measured
 //          1% / sqrt(r) for r repeats averaged, whose cost the GPU-hours do not include),
+// with --focus-rounds R planning up to R more times, each after measuring every partition's
+// predicted front at the clocks the iso-time plan runs (PlannerOptions::focus_clocks_mhz, as
+// `kareus plan --deadline --focus-rounds` does; its GPU-hours included),
 // and takes, from each merged Kareus frontier (merge_with_fallbacks, as `kareus optimize`), the
 // iso-time point: the least predicted energy within the deadline, which is the true Perseus
 // fastest iteration time (the same deadline for both). Each chosen plan is replayed by the
@@ -18,7 +21,7 @@
 //
 // Usage: frontier_truth [--budget N] [--strategy NAME] [--noise REL] [--seeds N]
 //          [--screen-window-s S] [--filter SUB[,SUB]] [--clock-completion] [--no-smooth-sweeps]
-//          [--sweep-stride N]
+//          [--sweep-stride N] [--focus-rounds N] [--focus-points K]
 //          [--stop-threshold X]
 //          [--stop-patience N] [--threads N] [--skip-today] [--json FILE]
 #include <fmt/format.h>
@@ -59,6 +62,8 @@ struct Profile {
   bool smooth_sweeps = kareus::PlannerOptions{}.smooth_sweeps;
   int sweep_stride = kareus::PlannerOptions{}.sweep_stride;
   double stop_threshold = 0;  ///< mbo's stop rule (SearchOptions), 0: off
+  int focus_rounds = 0;       ///< plan-directed profiling rounds (PlannerOptions::focus_clocks_mhz)
+  int focus_points = kareus::PlannerOptions{}.focus_points_per_clock;
   int stop_patience = kareus::SearchOptions{}.stop_patience;
   std::uint64_t seed = 1;
 };
@@ -94,29 +99,37 @@ Scored plan_and_score(const kareus::Workload& w, const Profile& pr, double deadl
     screen_backend = std::make_unique<kareus::EmulatorProfiler>(so);
     screen = std::make_unique<kareus::CachedProfiler>(*screen_backend, nullptr);
   }
-  kareus::Planner planner(w, full, o, {}, screen.get());
-  std::map<Method, kareus::MethodFrontier> f;
-  for (Method m : {Method::kKareus, Method::kPerseus, Method::kNanobatchPerseus})
-    f[m] = planner.frontier(m);
-  const auto& perseus = f.at(Method::kPerseus).points;
+  o.focus_points_per_clock = pr.focus_points;
   Scored s;
-  s.deadline_s = deadline_s > 0 ? deadline_s
-                                : perseus[kareus::max_throughput_index(
-                                              perseus, [](const auto& p) { return p.time_s; },
-                                              [](const auto& p) { return p.energy_j; })]
-                                      .time_s;
-  const std::vector<kareus::FrontierRef> merged = kareus::merge_with_fallbacks(f);
-  const kareus::FrontierRef* best = nullptr;
-  const kareus::FrontierRef* fastest = nullptr;
-  for (const auto& r : merged) {
-    const auto& p = f.at(r.method).points[r.index];
-    if (!fastest || p.time_s < f.at(fastest->method).points[fastest->index].time_s) fastest = &r;
-    if (p.time_s <= s.deadline_s &&
-        (!best || p.energy_j < f.at(best->method).points[best->index].energy_j))
-      best = &r;
+  std::unique_ptr<kareus::Planner> planner;
+  kareus::Plan plan;
+  for (int round = 0; round <= pr.focus_rounds; ++round) {
+    planner =
+        std::make_unique<kareus::Planner>(w, full, o, kareus::PlannerProgress{}, screen.get());
+    std::map<Method, kareus::MethodFrontier> f;
+    for (Method m : {Method::kKareus, Method::kPerseus, Method::kNanobatchPerseus})
+      f[m] = planner->frontier(m);
+    const auto& perseus = f.at(Method::kPerseus).points;
+    s.deadline_s = deadline_s > 0 ? deadline_s
+                                  : perseus[kareus::max_throughput_index(
+                                                perseus, [](const auto& p) { return p.time_s; },
+                                                [](const auto& p) { return p.energy_j; })]
+                                        .time_s;
+    const std::vector<kareus::FrontierRef> merged = kareus::merge_with_fallbacks(f);
+    const kareus::FrontierRef* best = nullptr;
+    const kareus::FrontierRef* fastest = nullptr;
+    for (const auto& r : merged) {
+      const auto& p = f.at(r.method).points[r.index];
+      if (!fastest || p.time_s < f.at(fastest->method).points[fastest->index].time_s) fastest = &r;
+      if (p.time_s <= s.deadline_s &&
+          (!best || p.energy_j < f.at(best->method).points[best->index].energy_j))
+        best = &r;
+    }
+    if (!best) best = fastest;  // no plan meets the deadline: the fastest one
+    plan = planner->make_plan(f.at(best->method), best->index, "iso-time");
+    s.label = kareus::kareus_plan_label(kareus::to_string(best->method));
+    if (round == pr.focus_rounds || !kareus::add_focus_clocks(o, plan)) break;
   }
-  if (!best) best = fastest;  // no plan meets the deadline: the fastest one
-  kareus::Plan plan = planner.make_plan(f.at(best->method), best->index, "iso-time");
   const kareus::EmulatorModel truth(w.gpu());
   const kareus::IterationResult rep = kareus::emulate_iteration(
       w, truth, plan.execution,
@@ -126,14 +139,13 @@ Scored plan_and_score(const kareus::Workload& w, const Profile& pr, double deadl
   s.planned_energy_j = plan.energy_j;
   s.true_time_s = rep.iteration_time_s;
   s.true_energy_j = rep.energy_j;
-  s.label = kareus::kareus_plan_label(kareus::to_string(best->method));
   const auto full_points = static_cast<std::size_t>(full.measured() + full.reused());
   const kareus::ProfilingCostEstimate cost =
-      screen
-          ? kareus::estimate_profiling_cost(full_points, w.cluster.gpus_per_node,
-                                            static_cast<std::size_t>(planner.screen_measurements()),
-                                            o.screening.window_s, o.screening.cooldown_s)
-          : kareus::estimate_profiling_cost(full_points, w.cluster.gpus_per_node);
+      screen ? kareus::estimate_profiling_cost(
+                   full_points, w.cluster.gpus_per_node,
+                   static_cast<std::size_t>(planner->screen_measurements()), o.screening.window_s,
+                   o.screening.cooldown_s)
+             : kareus::estimate_profiling_cost(full_points, w.cluster.gpus_per_node);
   s.gpu_hours = cost.gpu_hours();
   return s;
 }
@@ -180,6 +192,10 @@ int main(int argc, char** argv) {
       skip_today = true;
     else if (a == "--stop-threshold")
       cheap.stop_threshold = std::stod(next());
+    else if (a == "--focus-rounds")
+      cheap.focus_rounds = std::stoi(next());
+    else if (a == "--focus-points")
+      cheap.focus_points = std::stoi(next());
     else if (a == "--stop-patience")
       cheap.stop_patience = std::stoi(next());
     else if (a == "--filter")
@@ -193,6 +209,7 @@ int main(int argc, char** argv) {
           stderr,
           "usage: frontier_truth [--budget N] [--strategy NAME] [--noise REL] [--seeds N] "
           "[--screen-window-s S] [--clock-completion] [--no-smooth-sweeps] [--sweep-stride N] "
+          "[--focus-rounds N] [--focus-points K] "
           "[--stop-threshold X] "
           "[--stop-patience N] [--filter SUB[,SUB]] [--threads N] [--skip-today] "
           "[--json FILE]\n");
@@ -256,6 +273,9 @@ int main(int argc, char** argv) {
   if (cheap.noise != kareus::kMeasuredNoiseRel.energy)
     cheap_name += fmt::format(" at energy noise {:g}", cheap.noise);
   if (cheap.clock_completion) cheap_name += " + clock completion";
+  if (cheap.focus_rounds > 0)
+    cheap_name += fmt::format(" + {} focus rounds ({} points per clock)", cheap.focus_rounds,
+                              cheap.focus_points);
   if (!cheap.smooth_sweeps) cheap_name += " without smoothed sweeps";
   if (cheap.smooth_sweeps)
     cheap_name += fmt::format(", sweeps from every {} clocks", cheap.sweep_stride);

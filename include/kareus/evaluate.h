@@ -70,6 +70,9 @@ struct WorkloadEvaluation {
   int reused = 0;
   std::vector<PartitionSearchSummary> searches;
   ProfilingCostEstimate profiling_cost;  ///< of measured + reused points on real GPUs
+  /// Plan-directed profiling (PlannerOptions::focus_rounds): the clocks the searches were
+  /// focused on, from the plans of the rounds before the last; empty without.
+  std::vector<int> focus_clocks_mhz;
   // Frontiers (whole-job energy per iteration).
   std::vector<FrontierSummaryPoint> kareus;  ///< merged with the baselines where they win
   std::vector<FrontierSummaryPoint> kareus_only;

@@ -107,7 +107,23 @@ struct PlannerOptions {
   /// 3 by default: truth-scored iso-time plans were as good as from every clock at 224 and at
   /// 56 points, for 9% and 26% fewer GPU-hours on the paper suite (docs/search.md).
   int sweep_stride = 3;
+  /// Plan-directed profiling: after each partition search, measure at each of these clocks up
+  /// to focus_points_per_clock configurations the search's model predicts on that clock's front
+  /// (predicted_clock_front, search.h). Empty: none. A search spreads its points over every
+  /// clock; a plan runs a few, and there the composition needs each partition's front within
+  /// the clock (focused_plan sets these to the clocks of a first plan).
+  std::vector<int> focus_clocks_mhz;
+  int focus_points_per_clock = 4;
+  /// Rounds of plan-directed profiling in the drivers that hand out plans (`kareus plan`,
+  /// `kareus optimize`, evaluate_workload): plan, add the clocks the handed-out plans run at to
+  /// focus_clocks_mhz (add_focus_clocks), plan again; stop early when no clock is new. 0: off.
+  /// The Planner itself ignores it.
+  int focus_rounds = 0;
 };
+
+/// Adds the SM clocks `plan`'s instructions run at to o.focus_clocks_mhz (kept ascending and
+/// distinct); returns true when any was new.
+bool add_focus_clocks(PlannerOptions& o, const Plan& plan);
 
 /// Progress of the pipeline: (stage name, done, total).
 using PlannerProgress = std::function<void(const std::string&, std::size_t, std::size_t)>;
@@ -123,6 +139,7 @@ struct PartitionSearchSummary {
   bool screened = false;
   int confirmed = 0;
   int completion_points = 0;  ///< measured by PlannerOptions::clock_completion
+  int focus_points = 0;       ///< measured at PlannerOptions::focus_clocks_mhz
   /// The search's prior (SearchResult::prior: "none" for a cold start, also when the prior
   /// knew nothing of this partition) and whether it seeded the initial design.
   std::string prior = "none";
@@ -301,6 +318,10 @@ class Planner {
       const std::string& key,
       const std::function<std::vector<Measurement>(const std::vector<int>&)>& measure);
   int complete_clocks(const Partition& p, const SearchSpace& space, SearchResult& r);
+  int focus_clocks(const Partition& p, const SearchSpace& space, SearchResult& r);
+  /// Measures `extra` (none of them among r.points) with the full window and re-estimates.
+  int add_points(const Partition& p, const SearchSpace& space, SearchResult& r,
+                 const std::vector<PartitionConfig>& extra);
   PartitionConfig baseline_config(const Partition& p, int freq_mhz) const;
   const PartitionSet& sequential_partitions();
 

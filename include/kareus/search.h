@@ -184,6 +184,16 @@ std::vector<Measurement> smoothed_estimates(const std::vector<SearchPoint>& poin
                                             const SearchSpace& space, const SearchOptions& o,
                                             const PriorPrediction* prior = nullptr);
 
+/// Up to `max_points` configurations at `freq_mhz` not among `points`, the ones the additive
+/// model fitted on `points` (log time and log dynamic energy, clock effect smoothed with
+/// o.clock_smoothing) predicts on the Pareto front of (time_s, dynamic_energy_j) at that clock;
+/// when that front has fewer new members, those of the next front, and so on. Where a layer has
+/// more than there is room for, evenly spaced along it in time. Empty when the clock is not in
+/// the space. What a planner measures where a plan runs (PlannerOptions::focus_clocks_mhz).
+std::vector<PartitionConfig> predicted_clock_front(const std::vector<SearchPoint>& points,
+                                                   const SearchSpace& space, const SearchOptions& o,
+                                                   int freq_mhz, std::size_t max_points);
+
 /// The repeatability a search assumes: with o.noise_rel given (>= 0), it and o.time_noise_rel
 /// (or kTimeNoiseShare of it); otherwise the backend's (Profiler::noise_rel, kMeasuredNoiseRel
 /// where it does not know), o.time_noise_rel replacing its time where given.

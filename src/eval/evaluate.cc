@@ -279,10 +279,12 @@ nlohmann::json frontier_plans_json(const Frontiers& f, const std::vector<Ref>& m
 
 }  // namespace
 
-WorkloadEvaluation evaluate_workload(const Workload& w, CachedProfiler& profiler,
-                                     const PlannerOptions& o, const PlannerProgress& progress,
-                                     bool collect_frontier_plans, CachedProfiler* screen) {
-  const auto t0 = std::chrono::steady_clock::now();
+namespace {
+
+// One round of evaluate_workload: plans with `o` as it stands.
+WorkloadEvaluation evaluate_once(const Workload& w, CachedProfiler& profiler,
+                                 const PlannerOptions& o, const PlannerProgress& progress,
+                                 bool collect_frontier_plans, CachedProfiler* screen) {
   WorkloadEvaluation e;
   e.workload = w.name;
   e.gpus = w.cluster.gpus();
@@ -322,6 +324,28 @@ WorkloadEvaluation evaluate_workload(const Workload& w, CachedProfiler& profiler
                                        static_cast<std::size_t>(planner.screen_measurements()),
                                        o.screening.window_s, o.screening.cooldown_s)
              : estimate_profiling_cost(full_points, w.cluster.gpus_per_node);
+  return e;
+}
+
+}  // namespace
+
+WorkloadEvaluation evaluate_workload(const Workload& w, CachedProfiler& profiler,
+                                     const PlannerOptions& o, const PlannerProgress& progress,
+                                     bool collect_frontier_plans, CachedProfiler* screen) {
+  const auto t0 = std::chrono::steady_clock::now();
+  PlannerOptions round_o = o;
+  WorkloadEvaluation e;
+  for (int round = 0;; ++round) {
+    // The profilers remember every point, so a later round re-measures nothing it planned
+    // from before; the counts and the cost are of the distinct points of all rounds.
+    e = evaluate_once(w, profiler, round_o, progress, collect_frontier_plans, screen);
+    bool grew = false;
+    if (round < o.focus_rounds) {
+      for (const auto& [name, plan] : e.plans) grew = add_focus_clocks(round_o, plan) || grew;
+    }
+    if (!grew) break;
+  }
+  e.focus_clocks_mhz = round_o.focus_clocks_mhz;
   e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return e;
 }
@@ -368,6 +392,7 @@ nlohmann::json profiling_json(const WorkloadEvaluation& e) {
                       {"measured", e.measured},
                       {"reused", e.reused},
                       {"cost_estimate", e.profiling_cost.to_json()}};
+  if (!e.focus_clocks_mhz.empty()) j["focus_clocks_mhz"] = e.focus_clocks_mhz;
   for (const auto& s : e.searches) {
     nlohmann::json pj = {{"key", s.key},
                          {"space", s.space},
@@ -377,6 +402,7 @@ nlohmann::json profiling_json(const WorkloadEvaluation& e) {
                          {"prior_seeded", s.prior_seeded}};
     if (s.screened) pj["confirmed"] = s.confirmed;  // evaluations were screening measurements
     if (s.completion_points > 0) pj["completion_points"] = s.completion_points;
+    if (s.focus_points > 0) pj["focus_points"] = s.focus_points;
     j["partitions"].push_back(std::move(pj));
   }
   return j;

@@ -278,7 +278,11 @@ nlohmann::json planner_to_json(const PlannerOptions& o) {
           {"prior", o.search.prior ? o.search.prior->name() : std::string("none")},
           {"clock_completion", o.clock_completion},
           {"smooth_sweeps", o.smooth_sweeps},
-          {"sweep_stride", o.sweep_stride}};
+          {"sweep_stride", o.sweep_stride},
+          // Plan-directed profiling: the clocks focused on decide which points were measured.
+          {"focus_rounds", o.focus_rounds},
+          {"focus_points_per_clock", o.focus_points_per_clock},
+          {"focus_clocks_mhz", o.focus_clocks_mhz}};
 }
 
 }  // namespace

@@ -100,6 +100,10 @@ Planner::Planner(const Workload& w, CachedProfiler& profiler, PlannerOptions o,
   if (o_.sweep_stride < 1) {
     throw InvalidInput(fmt::format("sweep stride {}: must be at least 1", o_.sweep_stride));
   }
+  if (!o_.focus_clocks_mhz.empty() && o_.focus_points_per_clock < 1) {
+    throw InvalidInput(
+        fmt::format("focus points per clock {}: must be at least 1", o_.focus_points_per_clock));
+  }
   for (int f : freqs_) {
     if (!w_.gpu().supports_freq(f)) {
       throw InvalidInput(fmt::format("frequency {} MHz: {} supports {}..{} MHz in {} MHz steps", f,
@@ -181,6 +185,31 @@ int Planner::complete_clocks(const Partition& p, const SearchSpace& space, Searc
       if (have.insert(key(c)).second) extra.push_back(c);
     }
   }
+  return add_points(p, space, r, extra);
+}
+
+bool add_focus_clocks(PlannerOptions& o, const Plan& plan) {
+  std::set<int> clocks(o.focus_clocks_mhz.begin(), o.focus_clocks_mhz.end());
+  const std::size_t before = clocks.size();
+  for (const PlanStage& st : plan.stages) {
+    for (const PlanInstruction& ins : st.instructions) clocks.insert(ins.freq_mhz);
+  }
+  o.focus_clocks_mhz.assign(clocks.begin(), clocks.end());
+  return clocks.size() > before;
+}
+
+int Planner::focus_clocks(const Partition& p, const SearchSpace& space, SearchResult& r) {
+  std::vector<PartitionConfig> extra;
+  const auto per_clock = static_cast<std::size_t>(std::max(0, o_.focus_points_per_clock));
+  for (int f : o_.focus_clocks_mhz) {
+    for (const PartitionConfig& c : predicted_clock_front(r.points, space, o_.search, f, per_clock))
+      extra.push_back(c);
+  }
+  return add_points(p, space, r, extra);
+}
+
+int Planner::add_points(const Partition& p, const SearchSpace& space, SearchResult& r,
+                        const std::vector<PartitionConfig>& extra) {
   if (extra.empty()) return 0;
   const std::vector<Measurement> m = profiler_.measure_batch(p, extra);
   const bool had_estimates = !r.estimates.empty();
@@ -228,6 +257,7 @@ const std::vector<PartitionSearchSummary>& Planner::search_partitions() {
     s.prior = r.prior;
     s.prior_seeded = r.prior_seeded;
     if (o_.clock_completion) s.completion_points = complete_clocks(p, spaces[i], r);
+    if (!o_.focus_clocks_mhz.empty()) s.focus_points = focus_clocks(p, spaces[i], r);
     PartitionFronts fronts;
     for (const auto& [f, idx] : r.fronts_per_frequency()) {
       for (std::size_t k : idx) {

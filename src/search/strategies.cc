@@ -34,6 +34,7 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <set>
 
 #include "kareus/error.h"
 #include "kareus/interrupt.h"
@@ -1254,6 +1255,72 @@ std::vector<Measurement> smoothed_estimates(const std::vector<SearchPoint>& poin
                                             const SearchSpace& space, const SearchOptions& o,
                                             const PriorPrediction* prior) {
   return estimate_points(points, space, o, prior).values;
+}
+
+// Why the additive model: it carries an (SMs, slot) choice's merit from the clocks where it was
+// measured to the clock asked about, which is what a search that spread its points over every
+// clock knows about one clock. A choice never measured predicts the average, so it joins only
+// when the front at that clock is thin.
+std::vector<PartitionConfig> predicted_clock_front(const std::vector<SearchPoint>& points,
+                                                   const SearchSpace& space, const SearchOptions& o,
+                                                   int freq_mhz, std::size_t max_points) {
+  const auto fpos =
+      static_cast<std::size_t>(std::find(space.freqs_mhz.begin(), space.freqs_mhz.end(), freq_mhz) -
+                               space.freqs_mhz.begin());
+  if (fpos == space.freqs_mhz.size() || max_points == 0 || points.empty()) return {};
+  std::vector<Levels> lv;
+  std::vector<double> log_t, log_e;
+  std::set<std::size_t> measured;
+  for (const SearchPoint& pt : points) {
+    const Levels l = levels_of(space, pt.config);
+    if (l.freq >= space.freqs_mhz.size()) continue;  // a point outside this space
+    lv.push_back(l);
+    log_t.push_back(safe_log(pt.m.time_s));
+    log_e.push_back(safe_log(pt.m.dynamic_energy_j));
+    measured.insert(index_of(space, l));
+  }
+  if (lv.empty()) return {};
+  AdditiveModel mt(space, o.clock_smoothing), me(space, o.clock_smoothing);
+  mt.fit(lv, log_t);
+  me.fit(lv, log_e);
+  const std::size_t combos = space.sms.size() * space.slots.size();
+  std::vector<Point2> pred(combos);
+  for (std::size_t c = 0; c < combos; ++c) {
+    const Levels l{fpos, c};
+    pred[c] = {mt.predict(l), me.predict(l)};
+  }
+  // Peel predicted fronts (measured choices included: one of them may already cover a spot)
+  // and take the unmeasured members, the front nearest first.
+  std::vector<PartitionConfig> out;
+  std::vector<std::size_t> left(combos);
+  std::iota(left.begin(), left.end(), std::size_t{0});
+  while (!left.empty() && out.size() < max_points) {
+    std::vector<Point2> pts;
+    pts.reserve(left.size());
+    for (std::size_t c : left) pts.push_back(pred[c]);
+    const std::vector<std::size_t> front = pareto_front(pts);
+    std::vector<std::size_t> layer;
+    layer.reserve(front.size());
+    for (std::size_t k : front) layer.push_back(left[k]);
+    std::vector<std::size_t> fresh;
+    for (std::size_t c : layer) {
+      if (!measured.count(index_of(space, {fpos, c}))) fresh.push_back(c);
+    }
+    // More new members than room: evenly spaced along the layer (time ascending), ends first.
+    const std::size_t room = max_points - out.size();
+    for (std::size_t j = 0; j < std::min(room, fresh.size()); ++j) {
+      const std::size_t k =
+          room >= fresh.size() || room == 1
+              ? j
+              : static_cast<std::size_t>(
+                    std::lround(static_cast<double>(j) * static_cast<double>(fresh.size() - 1) /
+                                static_cast<double>(room - 1)));
+      out.push_back(space.at(index_of(space, {fpos, fresh[k]})));
+    }
+    std::set<std::size_t> drop(layer.begin(), layer.end());
+    std::erase_if(left, [&](std::size_t c) { return drop.count(c) > 0; });
+  }
+  return out;
 }
 
 namespace {

@@ -369,6 +369,53 @@ TEST(Search, FrontsPerFrequencyMatchBruteForce) {
   }
 }
 
+// A separable truth, time (1000 / f) x T[s] and dynamic energy (f / 1000)^2 x E[s], measured
+// for every SM count at 1000 and 1200 MHz and none at 1100: the additive model's clock effects
+// are shared by every choice, so the predicted front at 1100 is the true one, worked out by
+// hand. SM counts 1-5 trade time for energy; 6 is as fast as 5 for more energy (dominated).
+TEST(Search, PredictedClockFrontIsTheTrueFrontOfASeparableTruth) {
+  SearchSpace space;
+  space.freqs_mhz = {1000, 1100, 1200};
+  space.sms = {1, 2, 3, 4, 5, 6};
+  space.slots = {"start"};
+  const double t[] = {6.0, 5.0, 4.0, 3.5, 3.4, 3.4};
+  const double e[] = {1.0, 1.1, 1.3, 1.6, 2.0, 2.5};
+  auto truth = [&](int f, int s) -> SearchPoint {
+    const double time_s = 1000.0 / f * t[s - 1];
+    const double dyn_j = std::pow(f / 1000.0, 2) * e[s - 1];
+    return {{f, s, "start"}, {time_s, dyn_j + 100 * time_s, dyn_j, 100 * time_s}};
+  };
+  std::vector<SearchPoint> points;
+  for (int f : {1000, 1200}) {
+    for (int s = 1; s <= 6; ++s) points.push_back(truth(f, s));
+  }
+  const SearchOptions o;
+  auto sms_of = [](const std::vector<PartitionConfig>& v) {
+    std::vector<int> out;
+    for (const auto& c : v) {
+      EXPECT_EQ(c.freq_mhz, 1100);
+      EXPECT_EQ(c.slot, "start");
+      out.push_back(c.sms);
+    }
+    return out;
+  };
+  // The front, fastest first, then the next layer (the dominated 6 SMs).
+  EXPECT_EQ(sms_of(predicted_clock_front(points, space, o, 1100, 10)),
+            (std::vector<int>{5, 4, 3, 2, 1, 6}));
+  EXPECT_EQ(sms_of(predicted_clock_front(points, space, o, 1100, 5)),
+            (std::vector<int>{5, 4, 3, 2, 1}));
+  // Room for 3 of the 5: both ends and the middle.
+  EXPECT_EQ(sms_of(predicted_clock_front(points, space, o, 1100, 3)), (std::vector<int>{5, 3, 1}));
+  // A measured choice is not asked for again.
+  points.push_back(truth(1100, 3));
+  EXPECT_EQ(sms_of(predicted_clock_front(points, space, o, 1100, 10)),
+            (std::vector<int>{5, 4, 2, 1, 6}));
+  // Every choice measured at 1000 MHz; 1300 MHz is not in the space.
+  EXPECT_TRUE(predicted_clock_front(points, space, o, 1000, 10).empty());
+  EXPECT_TRUE(predicted_clock_front(points, space, o, 1300, 10).empty());
+  EXPECT_TRUE(predicted_clock_front(points, space, o, 1100, 0).empty());
+}
+
 // Two points at one clock: the per-clock front (what the planner composes) follows the estimates
 // when the strategy made them, the measurements otherwise.
 TEST(Search, FrontsPerFrequencyFollowTheEstimates) {

@@ -7,10 +7,12 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 
+#include "kareus/plan.h"
 #include "kareus/store.h"
 #include "test_util.h"
 
@@ -478,6 +480,56 @@ TEST(Cli, SweepSmoothingFlagsAreRecordedAndChecked) {
         test::run_cli("optimize " + qwen + " --budget 21 --quiet --out " + tmp.file("bad") + bad);
     EXPECT_EQ(r.exit_code, 2) << bad;
     EXPECT_NE(r.err.find("stride"), std::string::npos) << r.err;
+  }
+}
+
+// Plan-directed profiling: with --focus-rounds, optimize measures where its first plans run
+// (each partition's focus points in --json, the clocks in frontier.json, more points than
+// without), and every clock it focused on is one of those plans' clocks. Out-of-range values
+// exit 2 naming the flag.
+TEST(Cli, FocusRoundsAreRecordedAndChecked) {
+  test::TempDir tmp;
+  const std::string qwen = test::paper_workload("qwen3-1.7b_tp8_mbs8_seq4096");
+  const auto [def, def_frontier] = optimize_json(tmp, qwen, "default", "--budget 28");
+  const auto [focus, focus_frontier] =
+      optimize_json(tmp, qwen, "focus", "--budget 28 --focus-rounds 1 --focus-points 2");
+  EXPECT_EQ(def_frontier["planner"]["focus_rounds"], 0);
+  EXPECT_TRUE(def_frontier["planner"]["focus_clocks_mhz"].empty());
+  EXPECT_FALSE(def["profiling"].contains("focus_clocks_mhz"));
+  EXPECT_EQ(focus_frontier["planner"]["focus_rounds"], 1);
+  EXPECT_EQ(focus_frontier["planner"]["focus_points_per_clock"], 2);
+  const auto clocks = focus_frontier["planner"]["focus_clocks_mhz"].get<std::vector<int>>();
+  ASSERT_FALSE(clocks.empty());
+  EXPECT_EQ(focus["profiling"]["focus_clocks_mhz"].get<std::vector<int>>(), clocks);
+  // The first round is the default run: its plans' clocks are the ones focused on.
+  std::set<int> planned;
+  for (const auto& entry : std::filesystem::directory_iterator(tmp.file("default/plans"))) {
+    const Plan p = load_plan(entry.path().string());
+    for (const auto& st : p.stages)
+      for (const auto& ins : st.instructions) planned.insert(ins.freq_mhz);
+  }
+  EXPECT_EQ(std::vector<int>(planned.begin(), planned.end()), clocks);
+  int focus_points = 0;
+  for (const auto& p : focus["profiling"]["partitions"]) {
+    const int n = p.value("focus_points", 0);
+    EXPECT_LE(n, 2 * static_cast<int>(clocks.size())) << p["key"];
+    focus_points += n;
+  }
+  EXPECT_GT(focus_points, 0);
+  // Distinct points: a focus point that another part of the run measured too (a baseline's
+  // sweep at NCCL's defaults) counts once.
+  const int def_points = def["profiling"]["points"];
+  EXPECT_LE(focus["profiling"]["points"].get<int>(), def_points + focus_points);
+  EXPECT_GT(focus["profiling"]["points"].get<int>(), def_points + focus_points / 2);
+  // frontier hands out no plan to focus on.
+  const auto fr = test::run_cli("frontier " + qwen + " --budget 21 --quiet --focus-rounds 1");
+  EXPECT_EQ(fr.exit_code, 2);
+  EXPECT_NE(fr.err.find("--focus-rounds"), std::string::npos) << fr.err;
+  for (const std::string bad : {" --focus-rounds 9", " --focus-rounds 1 --focus-points 0"}) {
+    const auto r =
+        test::run_cli("optimize " + qwen + " --budget 21 --quiet --out " + tmp.file("bad") + bad);
+    EXPECT_EQ(r.exit_code, 2) << bad;
+    EXPECT_NE(r.err.find("--focus-"), std::string::npos) << r.err;
   }
 }
 

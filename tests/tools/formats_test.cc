@@ -233,9 +233,10 @@ TEST(Formats, DocumentedKeysAreExactlyTheEmittedOnes) {
   const nlohmann::json ev = run_json("eval --suite " + suite + " --json" + fast);
   ASSERT_TRUE(ev.is_array() && ev.size() == 1u) << ev.dump().substr(0, 200);
   c.add("evaluation", ev[0]);
-  // Screening and clock completion add per-partition counts.
-  const nlohmann::json screened =
-      run_json("eval --suite " + suite + " --json --screen-window-s 2 --complete-clocks" + fast);
+  // Screening, clock completion and focus rounds add per-partition counts.
+  const nlohmann::json screened = run_json(
+      "eval --suite " + suite +
+      " --json --screen-window-s 2 --complete-clocks --focus-rounds 1 --focus-points 1" + fast);
   if (screened.is_array() && !screened.empty()) c.add("evaluation", screened[0]);
   auto add_evaluation = [&](const std::string& name, nlohmann::json j) {
     nlohmann::json extra = nlohmann::json::object();

@@ -349,26 +349,31 @@ Plan plan_from_scratch(const PlanArgs& a, Method method, const Goal& goal,
   w = load_job(a.file);
   PlannerProfiling session = open_planner_profiling(a.flags, *w);
   PipelineProgress progress(!a.flags.quiet);
-  Planner planner(*w, *session.full.cached, session.options, progress.callback(),
-                  session.screen_profiler());
-  std::map<Method, MethodFrontier> f;
-  if (method == Method::kKareus && !a.no_fallback) {
-    for (Method m : {Method::kKareus, Method::kPerseus, Method::kNanobatchPerseus}) {
-      f[m] = planner.frontier(m);
+  PlannerOptions o = session.options;
+  for (int round = 0;; ++round) {
+    Planner planner(*w, *session.full.cached, o, progress.callback(), session.screen_profiler());
+    std::map<Method, MethodFrontier> f;
+    if (method == Method::kKareus && !a.no_fallback) {
+      for (Method m : {Method::kKareus, Method::kPerseus, Method::kNanobatchPerseus}) {
+        f[m] = planner.frontier(m);
+      }
+    } else {
+      f[method] = planner.frontier(method);
     }
-  } else {
-    f[method] = planner.frontier(method);
+    progress.finish();
+    const std::vector<FrontierRef> merged = method == Method::kKareus && !a.no_fallback
+                                                ? merge_with_fallbacks(f)
+                                                : std::vector<FrontierRef>{};
+    // The emulator replays only what the emulator predicted; other backends rely on the margin.
+    const bool replay = a.flags.profiling.backend == "emulator";
+    Plan plan = choose_plan(f, plan_candidates(f, method, merged, a.no_fallback), a, goal, *w,
+                            replay, [&](const FrontierRef& r, const std::string& g) {
+                              return planner.make_plan(f.at(r.method), r.index, g);
+                            });
+    // Plan-directed profiling: measure where this plan runs, then plan again (the profilers
+    // remember every point, so a round re-measures nothing).
+    if (round == o.focus_rounds || !add_focus_clocks(o, plan)) return plan;
   }
-  progress.finish();
-  const std::vector<FrontierRef> merged = method == Method::kKareus && !a.no_fallback
-                                              ? merge_with_fallbacks(f)
-                                              : std::vector<FrontierRef>{};
-  // The emulator replays only what the emulator predicted; other backends rely on the margin.
-  const bool replay = a.flags.profiling.backend == "emulator";
-  return choose_plan(f, plan_candidates(f, method, merged, a.no_fallback), a, goal, *w, replay,
-                     [&](const FrontierRef& r, const std::string& g) {
-                       return planner.make_plan(f.at(r.method), r.index, g);
-                     });
 }
 
 }  // namespace
@@ -393,6 +398,11 @@ void register_frontier(CLI::App& app, Action& action) {
       const PlannerFlags& flags = args->flags;
       const Method m = method_from_string(args->method);
       check_planner_flags(flags);
+      if (flags.planner.focus_rounds > 0) {
+        throw InvalidInput(
+            "--focus-rounds: frontier hands out no plan whose clocks to focus on; use kareus "
+            "plan (one goal's plan) or kareus optimize (its four operating points)");
+      }
       if (!dump_dag.empty()) check_output("--dump-dag", dump_dag, OutputKind::kFile);
       const Workload w = load_job(file);
       PlannerProfiling session = open_planner_profiling(flags, w);

@@ -99,7 +99,9 @@ void register_optimize(CLI::App& app, Action& action) {
       // materialize and check them (frontier_file.h).
       nlohmann::json fj = to_json(e, false);
       fj.update(e.frontier_plans);
-      add_frontier_identity(fj, w, read_text(file), session.options);
+      PlannerOptions used = session.options;
+      used.focus_clocks_mhz = e.focus_clocks_mhz;  // what the last round's searches measured
+      add_frontier_identity(fj, w, read_text(file), used);
       write_file(dir / "frontier.json", frontier_file_text(fj));
       std::string plot_error;
       const bool plotted = plot_frontiers(e, (dir / "frontier.png").string(), plot_error);

@@ -75,6 +75,16 @@ inline void add_planner_flags(CLI::App* cmd, PlannerFlags& f) {
                      "slowest), the smoother filling in the rest (default {})",
                      PlannerOptions{}.sweep_stride))
       ->check(CLI::Range(1, 64));
+  cmd->add_option("--focus-rounds", f.planner.focus_rounds,
+                  "plan-directed profiling: after planning, measure each partition's predicted "
+                  "front at the clocks the plans run and plan again, up to this many times "
+                  "(docs/search.md, \"Plan-directed profiling\")")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 8));
+  cmd->add_option("--focus-points", f.planner.focus_points_per_clock,
+                  "with --focus-rounds: configurations measured per partition at each such clock")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
   cmd->add_flag("--quiet", f.quiet, "no progress display");
   add_profiling_flags(cmd, f.profiling);
   add_screening_flags(cmd, f.screening);
