@@ -111,7 +111,7 @@ struct PlannerOptions {
   /// to focus_points_per_clock configurations the search's model predicts on that clock's front
   /// (predicted_clock_front, search.h). Empty: none. A search spreads its points over every
   /// clock; a plan runs a few, and there the composition needs each partition's front within
-  /// the clock (focused_plan sets these to the clocks of a first plan).
+  /// the clock (the drivers of focus_rounds set these to the clocks of the plans before).
   std::vector<int> focus_clocks_mhz;
   int focus_points_per_clock = 4;
   /// Rounds of plan-directed profiling in the drivers that hand out plans (`kareus plan`,
