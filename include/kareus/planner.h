@@ -319,6 +319,8 @@ class Planner {
       const std::function<std::vector<Measurement>(const std::vector<int>&)>& measure);
   int complete_clocks(const Partition& p, const SearchSpace& space, SearchResult& r);
   int focus_clocks(const Partition& p, const SearchSpace& space, SearchResult& r);
+  /// What the planner estimates a partition's points with (smoothed_estimates).
+  SearchOptions estimate_options() const;
   /// Measures `extra` (none of them among r.points) with the full window and re-estimates.
   int add_points(const Partition& p, const SearchSpace& space, SearchResult& r,
                  const std::vector<PartitionConfig>& extra);

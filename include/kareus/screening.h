@@ -58,6 +58,13 @@ std::vector<std::size_t> confirmation_candidates(const std::vector<Measurement>&
 ScreenedSearch confirm_front(SearchResult screened, const Partition& p, CachedProfiler& full,
                              NoiseRel screen_noise, NoiseRel full_noise, const ScreeningOptions& o);
 
+/// `sc`'s points as one search measured at the full window's noise, to be estimated together
+/// with full-window points measured later (a plan's focus clocks): a confirmed point's
+/// measurement becomes the precision-weighted mean of its two measurements, and every point's
+/// SearchPoint::noise_var_scale its variance over the full window's (screening only: (screen /
+/// full)^2; confirmed: 1 / (1 + (full / screen)^2)). Estimates and selection stay as they are.
+SearchResult pooled_at_full_window(ScreenedSearch sc, NoiseRel screen_noise, NoiseRel full_noise);
+
 /// Runs `strategy` through `screen` (a backend created with the screening window) and confirms
 /// through `full`. The strategy's noise assumption is the screening noise unless `o` sets one.
 ScreenedSearch screened_search(SearchStrategy& strategy, const Partition& p,

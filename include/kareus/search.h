@@ -94,6 +94,10 @@ struct SearchPoint {
   PartitionConfig config;
   Measurement m;
   bool from_store = false;
+  /// The variance of m over that of one measurement at the noise the selection assumes
+  /// (SearchOptions::noise_rel): 1 for one measurement of the search's own window, more for a
+  /// shorter (screening) window, less for the mean of a screening and a full one.
+  double noise_var_scale = 1.0;
 };
 
 struct SearchResult {

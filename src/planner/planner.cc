@@ -208,17 +208,23 @@ int Planner::focus_clocks(const Partition& p, const SearchSpace& space, SearchRe
   return add_points(p, space, r, extra);
 }
 
+// Screened: the full window's noise, which pooled_at_full_window scales every point to. Not
+// screened: the search's own options, as its strategy estimated.
+SearchOptions Planner::estimate_options() const {
+  SearchOptions o = o_.search;
+  if (!screen_) return o;
+  const NoiseRel full = measurement_noise(o_.search, profiler_.backend());
+  o.noise_rel = full.energy;
+  o.time_noise_rel = full.time;
+  return o;
+}
+
 int Planner::add_points(const Partition& p, const SearchSpace& space, SearchResult& r,
                         const std::vector<PartitionConfig>& extra) {
   if (extra.empty()) return 0;
   const std::vector<Measurement> m = profiler_.measure_batch(p, extra);
-  const bool had_estimates = !r.estimates.empty();
-  for (std::size_t k = 0; k < extra.size(); ++k) {
-    r.points.push_back({extra[k], m[k], false});
-    if (had_estimates) r.estimates.push_back(m[k]);
-  }
-  // Re-estimate with the new points (a screened result keeps its confirmed estimates).
-  if (!screen_) r.estimates = smoothed_estimates(r.points, space, o_.search);
+  for (std::size_t k = 0; k < extra.size(); ++k) r.points.push_back({extra[k], m[k], false});
+  r.estimates = smoothed_estimates(r.points, space, estimate_options());
   return static_cast<int>(extra.size());
 }
 
@@ -247,7 +253,13 @@ const std::vector<PartitionSearchSummary>& Planner::search_partitions() {
       ScreenedSearch sc = screened_search(*strategy, p, spaces[i], *screen_, profiler_, o_.search,
                                           o_.screening, on_point);
       confirmed = static_cast<int>(sc.confirmed.size());
-      r = std::move(sc.result);
+      r = pooled_at_full_window(std::move(sc),
+                                screening_noise(screen_->backend(), o_.screening.window_s),
+                                measurement_noise(o_.search, profiler_.backend()));
+      // The per-clock fronts the plan is composed from: every point at its own repeatability
+      // (confirmation weighs only the few near the whole front; a clock's front also holds
+      // screening-only points, whose lucky draws a raw estimate would hand to the plan).
+      r.estimates = smoothed_estimates(r.points, spaces[i], estimate_options());
     } else {
       r = strategy->run(p, spaces[i], profiler_, o_.search, on_point);
     }

@@ -46,6 +46,7 @@ std::vector<std::size_t> confirmation_candidates(const std::vector<Measurement>&
   const std::size_t n = estimates.size();
   if (n == 0) return {};
   std::vector<Point2> pts;
+  pts.reserve(n);
   for (const auto& m : estimates) pts.push_back({m.time_s, m.energy_j});
   const std::vector<std::size_t> front = pareto_front(pts);
   std::vector<double> behind(n, std::numeric_limits<double>::infinity());
@@ -97,6 +98,21 @@ ScreenedSearch confirm_front(SearchResult screened, const Partition& p, CachedPr
   for (std::size_t j : pareto_front(pts)) r.selected.push_back(out.confirmed[j]);
   out.result = std::move(r);
   return out;
+}
+
+SearchResult pooled_at_full_window(ScreenedSearch sc, NoiseRel screen_noise, NoiseRel full_noise) {
+  SearchResult r = std::move(sc.result);
+  const double s2 = screen_noise.energy * screen_noise.energy;
+  const double f2 = full_noise.energy * full_noise.energy;
+  // Exact measurements (noise 0) carry no weight to share: every point counts as one.
+  const double screen_scale = f2 > 0 ? s2 / f2 : 1.0;
+  const double confirmed_scale = f2 > 0 ? s2 / (s2 + f2) : 1.0;
+  for (auto& pt : r.points) pt.noise_var_scale = screen_scale;
+  for (std::size_t i : sc.confirmed) {
+    r.points[i].m = r.estimates[i];
+    r.points[i].noise_var_scale = confirmed_scale;
+  }
+  return r;
 }
 
 ScreenedSearch screened_search(SearchStrategy& strategy, const Partition& p,

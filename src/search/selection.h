@@ -10,14 +10,16 @@ namespace kareus {
 
 /// Weights of the measurements m against the cross-fitted predictions `pred` of one objective
 /// (see select_front): o.measurement_weight for every point, or with -1 the empirical-Bayes
-/// weight (v_i + tau^2) / (v_i + tau^2 + noise_rel^2), where v_i = model_var[i] and tau^2 =
-/// max(0, mean over neighbouring pairs of `near_front` (in order along the front) of ((r_k -
-/// r_{k-1})^2 - v_k - v_{k-1}) / 2 - noise_rel^2), r = log m - log pred.
+/// weight (v_i + tau^2) / (v_i + tau^2 + s_i^2), where v_i = model_var[i], s_i^2 = noise_rel^2
+/// x noise_var_scale[i] (1 where `noise_var_scale` is empty) and tau^2 = max(0, mean over
+/// neighbouring pairs of `near_front` (in order along the front) of ((r_k - r_{k-1})^2 - v_k -
+/// v_{k-1} - s_k^2 - s_{k-1}^2) / 2), r = log m - log pred.
 std::vector<double> measurement_weights(const SearchOptions& o, double noise_rel,
                                         const std::vector<double>& m,
                                         const std::vector<double>& pred,
                                         const std::vector<double>& model_var,
-                                        const std::vector<std::size_t>& near_front);
+                                        const std::vector<std::size_t>& near_front,
+                                        const std::vector<double>& noise_var_scale = {});
 
 /// XGBoost's lambda for the selection's residual trees of one objective: the empirical-Bayes
 /// pseudo-count noise_var / (residual_var - noise_var), at least 1 (XGBoost's default) and at

@@ -1103,7 +1103,9 @@ std::vector<std::size_t> nearest_front(const std::vector<double>& pt,
 // is predicted from almost nothing and should keep its measurement, one measured at a dozen
 // clocks is predicted better than it is measured. tau^2 is the misfit that can reorder the
 // front: from the residual differences of neighbouring points along it (near_front, in order),
-// tau^2 = max(0, mean ((r_k - r_{k-1})^2 / 2 - (v_k + v_{k-1}) / 2) - s^2), r = log m - log p.
+// tau^2 = max(0, mean ((r_k - r_{k-1})^2 - v_k - v_{k-1} - s_k^2 - s_{k-1}^2) / 2), r = log m -
+// log p. s_i^2 is per point too: a screening measurement repeats worse than a full one, and the
+// mean of both better (SearchPoint::noise_var_scale).
 // Why differences: what the model misses in common at neighbouring points (a level, a smooth
 // trend over the clocks) moves them together and does not change which dominates; a per-point
 // mean square counted it, put the weights of a 56-point search at 0.4-0.65 where 0.2-0.35 ranked
@@ -1112,21 +1114,24 @@ std::vector<double> measurement_weights(const SearchOptions& o, double noise_rel
                                         const std::vector<double>& m,
                                         const std::vector<double>& pred,
                                         const std::vector<double>& model_var,
-                                        const std::vector<std::size_t>& near_front) {
+                                        const std::vector<std::size_t>& near_front,
+                                        const std::vector<double>& noise_var_scale) {
   if (o.measurement_weight >= 0) return std::vector<double>(m.size(), o.measurement_weight);
-  const double s2 = noise_rel * noise_rel;
+  const auto s2 = [&](std::size_t i) {
+    return noise_rel * noise_rel * (noise_var_scale.empty() ? 1.0 : noise_var_scale[i]);
+  };
   double d2 = 0;
   for (std::size_t k = 1; k < near_front.size(); ++k) {
     const std::size_t i = near_front[k], j = near_front[k - 1];
     const double r = (safe_log(m[i]) - safe_log(pred[i])) - (safe_log(m[j]) - safe_log(pred[j]));
-    d2 += 0.5 * (r * r - model_var[i] - model_var[j]);
+    d2 += 0.5 * (r * r - model_var[i] - model_var[j] - s2(i) - s2(j));
   }
   const double pairs = static_cast<double>(std::max<std::size_t>(1, near_front.size()) - 1);
-  const double tau2 = pairs > 0 ? std::max(0.0, d2 / pairs - s2) : 0.0;
+  const double tau2 = pairs > 0 ? std::max(0.0, d2 / pairs) : 0.0;
   std::vector<double> w(m.size());
   for (std::size_t i = 0; i < m.size(); ++i) {
     const double u = model_var[i] + tau2;
-    w[i] = u + s2 > 0 ? u / (u + s2) : 1.0;
+    w[i] = u + s2(i) > 0 ? u / (u + s2(i)) : 1.0;
   }
   return w;
 }
@@ -1162,7 +1167,16 @@ Estimates estimate_points(const std::vector<SearchPoint>& points, const SearchSp
   }
   cf.lv.reserve(points.size());
   for (const auto& p : points) cf.lv.push_back(levels_of(space, p.config));
+  // The model's inputs repeat at the points' mean variance (screening, confirmed and full
+  // measurements mixed).
+  std::vector<double> scale;
+  double mean_scale = 0;
+  for (const auto& p : points) {
+    scale.push_back(std::max(0.0, p.noise_var_scale));
+    mean_scale += scale.back() / static_cast<double>(points.size());
+  }
   const NoiseRel noise = noise_rel_of(o);
+  const double model_sd = std::sqrt(mean_scale);
   std::vector<double> off_t, off_e;
   if (prior && !prior->empty()) {
     std::vector<std::size_t> idx;
@@ -1183,8 +1197,8 @@ Estimates estimate_points(const std::vector<SearchPoint>& points, const SearchSp
   }
   std::vector<double> pt(points.size()), pe(points.size());
   for (std::size_t k = 0; k < kFolds; ++k) {
-    fit_fold(cf, k, t, off_t, pt, true, noise.time);
-    fit_fold(cf, k, e, off_e, pe, false, noise.energy);
+    fit_fold(cf, k, t, off_t, pt, true, noise.time * model_sd);
+    fit_fold(cf, k, e, off_e, pe, false, noise.energy * model_sd);
   }
   // Variance of each prediction's additive part, in units of the objective's noise variance
   // (a time repeats about ten times better than an energy): the (SMs, slot) effect's is one over
@@ -1210,12 +1224,12 @@ Estimates estimate_points(const std::vector<SearchPoint>& points, const SearchSp
   for (std::size_t i = 0; i < points.size(); ++i) {
     const double share =
         1.0 / std::max(1, n_combo[cf.lv[i].combo] - 1) + clock_share[cf.lv[i].freq];
-    var_t[i] = noise.time * noise.time * share;
-    var_e[i] = noise.energy * noise.energy * share;
+    var_t[i] = noise.time * noise.time * share * mean_scale;
+    var_e[i] = noise.energy * noise.energy * share * mean_scale;
   }
   const auto near_front = nearest_front(pt, pe);
-  const auto wt = measurement_weights(o, noise.time, t, pt, var_t, near_front);
-  const auto we = measurement_weights(o, noise.energy, e, pe, var_e, near_front);
+  const auto wt = measurement_weights(o, noise.time, t, pt, var_t, near_front, scale);
+  const auto we = measurement_weights(o, noise.energy, e, pe, var_e, near_front, scale);
   for (std::size_t i = 0; i < points.size(); ++i) {
     out.ranking[i] = {wt[i] * t[i] + (1 - wt[i]) * pt[i], we[i] * e[i] + (1 - we[i]) * pe[i]};
   }

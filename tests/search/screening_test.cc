@@ -57,6 +57,13 @@ struct Fixture {
     o.window_s = 2.0;
     return o;
   }
+
+  /// Random search of `budget` points through `screen`.
+  SearchResult random_search(CachedProfiler& screen, int budget) const {
+    SearchOptions so;
+    so.budget = budget;
+    return create_search_strategy("random")->run(p, space, screen, so, {});
+  }
 };
 
 // Random search through the screening backend, then confirmation: the candidates are exactly
@@ -66,9 +73,7 @@ struct Fixture {
 TEST(ConfirmFront, CombinesTheTwoWindowsByPrecision) {
   Fixture f;
   CachedProfiler screen(f.screen, nullptr), full(f.full, nullptr);
-  SearchOptions so;
-  so.budget = 56;
-  SearchResult r = create_search_strategy("random")->run(f.p, f.space, screen, so, {});
+  const SearchResult r = f.random_search(screen, 56);
   ASSERT_EQ(r.points.size(), 56u);
   const NoiseRel sn = *f.screen.noise_rel(), fn = *f.full.noise_rel();
   ASSERT_NEAR(sn.energy, 0.01 * 0.0160 / 0.0106, 1e-12);
@@ -104,6 +109,36 @@ TEST(ConfirmFront, CombinesTheTwoWindowsByPrecision) {
   std::vector<std::size_t> want;
   for (std::size_t j : pareto_front(pts)) want.push_back(s.confirmed[j]);
   EXPECT_EQ(s.result.selected, want);
+}
+
+// Pooled at the full window: a confirmed point's measurement is its combined estimate with the
+// variance share 1 / (1 / s^2 + 1 / f^2) / f^2 = s^2 / (s^2 + f^2), a screening-only point keeps
+// its measurement at s^2 / f^2 = (16.0 / 10.6)^2 (the H200's 2 s and 5 s repeatabilities).
+TEST(PooledAtFullWindow, ScalesEveryPointToTheFullWindowsNoise) {
+  Fixture f;
+  CachedProfiler screen(f.screen, nullptr), full(f.full, nullptr);
+  const SearchResult r = f.random_search(screen, 40);
+  const NoiseRel sn = *f.screen.noise_rel(), fn = *f.full.noise_rel();
+  const ScreenedSearch s = confirm_front(r, f.p, full, sn, fn, ScreeningOptions{});
+  ASSERT_FALSE(s.confirmed.empty());
+  const SearchResult pooled = pooled_at_full_window(s, sn, fn);
+  ASSERT_EQ(pooled.points.size(), r.points.size());
+  EXPECT_EQ(pooled.selected, s.result.selected);
+  const double ratio2 = (0.0160 / 0.0106) * (0.0160 / 0.0106);
+  std::set<std::size_t> conf(s.confirmed.begin(), s.confirmed.end());
+  for (std::size_t i = 0; i < r.points.size(); ++i) {
+    if (conf.count(i)) {
+      EXPECT_EQ(pooled.points[i].m.energy_j, s.result.estimate(i).energy_j);
+      EXPECT_EQ(pooled.points[i].m.time_s, s.result.estimate(i).time_s);
+      EXPECT_NEAR(pooled.points[i].noise_var_scale, ratio2 / (ratio2 + 1), 1e-9);
+    } else {
+      EXPECT_EQ(pooled.points[i].m.energy_j, r.points[i].m.energy_j);
+      EXPECT_NEAR(pooled.points[i].noise_var_scale, ratio2, 1e-9);
+    }
+  }
+  // Noise-free full measurements leave nothing to scale by: every point counts as one.
+  const SearchResult exact = pooled_at_full_window(s, sn, {0, 0});
+  for (const auto& pt : exact.points) EXPECT_EQ(pt.noise_var_scale, 1.0);
 }
 
 // mbo screened and confirmed through one store: 56 screening points and the confirmations are

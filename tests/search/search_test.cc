@@ -289,6 +289,14 @@ TEST(Search, MeasurementWeightsAreThePrecisionShares) {
   w = measurement_weights(o, 0.01, m, low, v, {0, 1, 2});
   EXPECT_NEAR(w[0], 0.5, 1e-12);
   EXPECT_NEAR(w[2], 2.0 / 3, 1e-12);
+  // Per-point repeatability (a screening point at 2.25 s^2, a confirmed one at 0.5 s^2): each
+  // pair's noise is its own, (0.04^2 - 2e-4 - 3.25e-4) / 2 = 5.375e-4 and (0.02^2 - 3e-4 -
+  // 1.5e-4) / 2 = -0.25e-4, so tau^2 = 2.5625e-4, and each weight uses its own s_i^2.
+  w = measurement_weights(o, 0.01, m, pred, v, {0, 1, 2}, {2.25, 1, 0.5, 1});
+  EXPECT_NEAR(w[0], 3.5625 / 5.8125, 1e-12);
+  EXPECT_NEAR(w[1], 3.5625 / 4.5625, 1e-12);
+  EXPECT_NEAR(w[2], 4.5625 / 5.0625, 1e-12);
+  EXPECT_NEAR(w[3], 3.5625 / 4.5625, 1e-12);
   // Noise-free measurements are taken as they are; a fixed weight is used as given.
   w = measurement_weights(o, 0.0, m, pred, {0, 0, 0, 0}, {0, 1, 2});
   for (double x : w) EXPECT_EQ(x, 1.0);
