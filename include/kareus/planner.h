@@ -267,6 +267,10 @@ class Planner {
 
   /// Stage 2: searches every distinct partition (once; later calls reuse the result).
   const std::vector<PartitionSearchSummary>& search_partitions();
+  /// The per-clock options of partition `key` that composition takes from its search (each a
+  /// per-clock Pareto set of the estimates; screened: pooled_at_full_window, then
+  /// smoothed_estimates). Searches first if needed; throws InvalidInput for an unknown key.
+  const PartitionFronts& searched_fronts(const std::string& key);
   /// Stages 3-5 for one method (computed once; later calls return the same frontier). Kareus's
   /// frontier takes the baselines' and its ablation's plans as candidates (they lie in its
   /// space), so it computes those frontiers too.

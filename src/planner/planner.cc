@@ -303,6 +303,18 @@ const std::vector<PartitionSearchSummary>& Planner::search_partitions() {
   return summaries_;
 }
 
+const PartitionFronts& Planner::searched_fronts(const std::string& key) {
+  search_partitions();
+  const auto it = searched_fronts_.find(key);
+  if (it == searched_fronts_.end()) {
+    std::vector<std::string> keys;
+    for (const auto& [k, f] : searched_fronts_) keys.push_back(k);
+    throw InvalidInput(fmt::format("no partition '{}' in {}; partitions: {}", key, w_.name,
+                                   fmt::join(keys, ", ")));
+  }
+  return it->second;
+}
+
 PartitionOption Planner::segment_cost(const Segment& s, int freq_mhz) {
   const Measurement m = profiler_.measure_segment(s, freq_mhz);
   return {{freq_mhz, 0, "-"}, m.time_s, m.dynamic_energy_j};

@@ -737,6 +737,54 @@ TEST(Plan, ClockCompletionMeasuresTheNeighboursChoicesAtEveryClock) {
   EXPECT_GT(total, 0);
 }
 
+// Screened planning composes each partition's points pooled at the full window: the per-clock
+// fronts are those of smoothed_estimates over pooled_at_full_window of the same screened search
+// (recomputed here with the same seed, noise and windows), estimated at the full window's noise.
+// The screening-only points' estimates are no longer their raw draws.
+TEST(Plan, ScreenedFrontsArePooledAtTheFullWindow) {
+  const Workload w = load_workload(test::paper_workload("qwen3-1.7b_tp8_mbs8_seq4096"));
+  PlannerOptions o;
+  o.search.budget = 56;  // SearchOptions::smoothing_min_points: fewer are taken as measured
+  o.screening.window_s = 2;
+  ProfilerOptions so = test::emulator_options(w.gpu_name);
+  so.window_s = 2;
+  EmulatorProfiler full_backend(test::emulator_options(w.gpu_name)), screen_backend(so);
+  CachedProfiler full(full_backend, nullptr), screen(screen_backend, nullptr);
+  Planner planner(w, full, o, {}, &screen);
+  const Partition& p = planner.partitions().partitions.front();
+  const PartitionFronts& got = planner.searched_fronts(p.key);
+  EXPECT_THROW(planner.searched_fronts("no_such_partition"), InvalidInput);
+
+  EmulatorProfiler full2(test::emulator_options(w.gpu_name)), screen2(so);
+  CachedProfiler f2(full2, nullptr), s2(screen2, nullptr);
+  const SearchSpace space = make_search_space(p, w.gpu(), {w.gpu().candidate_freqs_mhz(), {}});
+  auto mbo = create_search_strategy("mbo");
+  const NoiseRel sn = *screen2.noise_rel(), fn = *full2.noise_rel();
+  EXPECT_NEAR(sn.energy / fn.energy, 0.0160 / 0.0106, 1e-12);  // the H200's 2 s and 5 s
+  const ScreenedSearch sc = screened_search(*mbo, p, space, s2, f2, o.search, o.screening);
+  SearchResult r = pooled_at_full_window(sc, sn, fn);
+  SearchOptions est = o.search;
+  est.noise_rel = fn.energy;
+  est.time_noise_rel = fn.time;
+  r.estimates = smoothed_estimates(r.points, space, est);
+  std::size_t options = 0, moved = 0;
+  for (const auto& [f, idx] : r.fronts_per_frequency()) {
+    ASSERT_TRUE(got.count(f)) << f;
+    ASSERT_EQ(got.at(f).size(), idx.size()) << f;
+    for (std::size_t k = 0; k < idx.size(); ++k) {
+      const PartitionOption& g = got.at(f)[k];
+      EXPECT_EQ(g.config.sms, r.points[idx[k]].config.sms);
+      EXPECT_EQ(g.config.slot, r.points[idx[k]].config.slot);
+      EXPECT_DOUBLE_EQ(g.dynamic_energy_j, r.estimate(idx[k]).dynamic_energy_j);
+      EXPECT_DOUBLE_EQ(g.time_s, r.estimate(idx[k]).time_s);
+      ++options;
+      if (g.dynamic_energy_j != r.points[idx[k]].m.dynamic_energy_j) ++moved;
+    }
+  }
+  EXPECT_GT(options, 0u);
+  EXPECT_GT(moved, options / 2);
+}
+
 // Focus clocks measure, per partition and clock, the configurations predicted_clock_front names
 // for a search with the same seed and noise (recomputed here), and nothing at other clocks.
 TEST(Plan, FocusClocksMeasureThePredictedFrontThere) {
