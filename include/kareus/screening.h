@@ -39,6 +39,8 @@ struct ScreenedSearch {
   std::vector<Measurement> full;       ///< the full-window measurement of each confirmed point
   int screen_measured = 0;             ///< new screening measurements (not served by the store)
   int confirm_measured = 0;            ///< new full-window measurements
+  NoiseRel screen_noise;               ///< the repeatabilities the confirmation weighed with
+  NoiseRel full_noise;
 };
 
 /// The noise of a measurement by `backend` taken with `window_s` windows: the backend's own
@@ -58,12 +60,12 @@ std::vector<std::size_t> confirmation_candidates(const std::vector<Measurement>&
 ScreenedSearch confirm_front(SearchResult screened, const Partition& p, CachedProfiler& full,
                              NoiseRel screen_noise, NoiseRel full_noise, const ScreeningOptions& o);
 
-/// `sc`'s points as one search measured at the full window's noise, to be estimated together
-/// with full-window points measured later (a plan's focus clocks): a confirmed point's
-/// measurement becomes the precision-weighted mean of its two measurements, and every point's
+/// `sc`'s points as one search measured at sc.full_noise, to be estimated together with
+/// full-window points measured later (a plan's focus clocks): a confirmed point's measurement
+/// becomes the precision-weighted mean of its two measurements, and every point's
 /// SearchPoint::noise_var_scale its variance over the full window's (screening only: (screen /
 /// full)^2; confirmed: 1 / (1 + (full / screen)^2)). Estimates and selection stay as they are.
-SearchResult pooled_at_full_window(ScreenedSearch sc, NoiseRel screen_noise, NoiseRel full_noise);
+SearchResult pooled_at_full_window(ScreenedSearch sc);
 
 /// Runs `strategy` through `screen` (a backend created with the screening window) and confirms
 /// through `full`. The strategy's noise assumption is the screening noise unless `o` sets one.

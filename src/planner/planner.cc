@@ -208,12 +208,13 @@ int Planner::focus_clocks(const Partition& p, const SearchSpace& space, SearchRe
   return add_points(p, space, r, extra);
 }
 
-// Screened: the full window's noise, which pooled_at_full_window scales every point to. Not
-// screened: the search's own options, as its strategy estimated.
+// Screened: the full window's noise, the one screened_search confirmed with and
+// pooled_at_full_window scales every point to. Not screened: the search's own options, as its
+// strategy estimated.
 SearchOptions Planner::estimate_options() const {
   SearchOptions o = o_.search;
   if (!screen_) return o;
-  const NoiseRel full = measurement_noise(o_.search, profiler_.backend());
+  const NoiseRel full = screening_noise(profiler_.backend(), o_.screening.full_window_s);
   o.noise_rel = full.energy;
   o.time_noise_rel = full.time;
   return o;
@@ -253,9 +254,7 @@ const std::vector<PartitionSearchSummary>& Planner::search_partitions() {
       ScreenedSearch sc = screened_search(*strategy, p, spaces[i], *screen_, profiler_, o_.search,
                                           o_.screening, on_point);
       confirmed = static_cast<int>(sc.confirmed.size());
-      r = pooled_at_full_window(std::move(sc),
-                                screening_noise(screen_->backend(), o_.screening.window_s),
-                                measurement_noise(o_.search, profiler_.backend()));
+      r = pooled_at_full_window(std::move(sc));
       // The per-clock fronts the plan is composed from: every point at its own repeatability
       // (confirmation weighs only the few near the whole front; a clock's front also holds
       // screening-only points, whose lucky draws a raw estimate would hand to the plan).

@@ -83,6 +83,8 @@ ScreenedSearch confirm_front(SearchResult screened, const Partition& p, CachedPr
   const int before = full.measured();
   out.full = full.measure_batch(p, configs);
   out.confirm_measured = full.measured() - before;
+  out.screen_noise = screen_noise;
+  out.full_noise = full_noise;
   const double static_w = full.backend().static_power_w();
   std::vector<Point2> pts;
   for (std::size_t k = 0; k < out.confirmed.size(); ++k) {
@@ -100,10 +102,10 @@ ScreenedSearch confirm_front(SearchResult screened, const Partition& p, CachedPr
   return out;
 }
 
-SearchResult pooled_at_full_window(ScreenedSearch sc, NoiseRel screen_noise, NoiseRel full_noise) {
+SearchResult pooled_at_full_window(ScreenedSearch sc) {
   SearchResult r = std::move(sc.result);
-  const double s2 = screen_noise.energy * screen_noise.energy;
-  const double f2 = full_noise.energy * full_noise.energy;
+  const double s2 = sc.screen_noise.energy * sc.screen_noise.energy;
+  const double f2 = sc.full_noise.energy * sc.full_noise.energy;
   // Exact measurements (noise 0) carry no weight to share: every point counts as one.
   const double screen_scale = f2 > 0 ? s2 / f2 : 1.0;
   const double confirmed_scale = f2 > 0 ? s2 / (s2 + f2) : 1.0;

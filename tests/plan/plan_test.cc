@@ -762,7 +762,8 @@ TEST(Plan, ScreenedFrontsArePooledAtTheFullWindow) {
   const NoiseRel sn = *screen2.noise_rel(), fn = *full2.noise_rel();
   EXPECT_NEAR(sn.energy / fn.energy, 0.0160 / 0.0106, 1e-12);  // the H200's 2 s and 5 s
   const ScreenedSearch sc = screened_search(*mbo, p, space, s2, f2, o.search, o.screening);
-  SearchResult r = pooled_at_full_window(sc, sn, fn);
+  EXPECT_EQ(sc.full_noise.energy, fn.energy);
+  SearchResult r = pooled_at_full_window(sc);
   SearchOptions est = o.search;
   est.noise_rel = fn.energy;
   est.time_noise_rel = fn.time;

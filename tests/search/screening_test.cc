@@ -121,7 +121,9 @@ TEST(PooledAtFullWindow, ScalesEveryPointToTheFullWindowsNoise) {
   const NoiseRel sn = *f.screen.noise_rel(), fn = *f.full.noise_rel();
   const ScreenedSearch s = confirm_front(r, f.p, full, sn, fn, ScreeningOptions{});
   ASSERT_FALSE(s.confirmed.empty());
-  const SearchResult pooled = pooled_at_full_window(s, sn, fn);
+  EXPECT_EQ(s.screen_noise.energy, sn.energy);
+  EXPECT_EQ(s.full_noise.energy, fn.energy);
+  const SearchResult pooled = pooled_at_full_window(s);
   ASSERT_EQ(pooled.points.size(), r.points.size());
   EXPECT_EQ(pooled.selected, s.result.selected);
   const double ratio2 = (0.0160 / 0.0106) * (0.0160 / 0.0106);
@@ -137,7 +139,9 @@ TEST(PooledAtFullWindow, ScalesEveryPointToTheFullWindowsNoise) {
     }
   }
   // Noise-free full measurements leave nothing to scale by: every point counts as one.
-  const SearchResult exact = pooled_at_full_window(s, sn, {0, 0});
+  ScreenedSearch noise_free_full = s;
+  noise_free_full.full_noise = {0, 0};
+  const SearchResult exact = pooled_at_full_window(noise_free_full);
   for (const auto& pt : exact.points) EXPECT_EQ(pt.noise_var_scale, 1.0);
 }
 
