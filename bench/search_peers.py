@@ -22,7 +22,7 @@ output says how many it measured.
 
 Usage (one run per peer group, then the tables of their outputs merged):
   .venv-bench/bin/python bench/search_peers.py --spaces DIR --out OUT.json --peers nsga2,tpe
-      [--seeds N] [--per-class N] [--mc-samples N] [--candidates N] [--filter S[,S...]]
+      [--seeds N] [--first-seed N] [--per-class N] [--mc-samples N] [--candidates N] [--filter S[,S...]]
   .venv-bench/bin/python bench/search_peers.py --spaces DIR --out A.json,B.json
       --cpp-json CPP.json --table TABLE.md
 """
@@ -229,7 +229,7 @@ def run(a, dumps, classes):
                     per[classes[label]].append(label)
             labels = sorted(lab for ls in per.values() for lab in ls)
         # Seed-major, so that a run stopped early has every partition at the first seeds.
-        todo = [(label, seed) for seed in range(1, a.seeds + 1) for label in labels]
+        todo = [(label, seed) for seed in range(a.first_seed, a.seeds + 1) for label in labels]
         scores[peer], runs[peer] = {}, {}
         for k, (label, seed) in enumerate(todo):
             dump = dumps[label]
@@ -310,7 +310,9 @@ def main():
     ap.add_argument("--table", help="write the markdown tables of the --out files here")
     ap.add_argument("--pairs-of", default="",
                     help="with --table: one table, on this peer's (partition, seed) runs")
-    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--seeds", type=int, default=5, help="the last seed run")
+    ap.add_argument("--first-seed", type=int, default=1,
+                    help="the first seed run (seeds split over processes; --table merges them)")
     ap.add_argument("--per-class", type=int, default=0,
                     help="partitions per class, the first by name (0: all)")
     ap.add_argument("--mc-samples", type=int, default=32, help="qLogNEHVI's QMC samples")

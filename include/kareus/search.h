@@ -63,9 +63,10 @@ struct SearchOptions {
   std::string selection = "smoothed";
   /// Smoothed selection needs this many points; with fewer, the cross-fitted models (each
   /// trained on 4/5 of the points) are worse than the noise they would remove, and the
-  /// measured Pareto set is returned (truth-scored benchmark, docs/search.md: with the smoothed
-  /// clock effect and per-point weights the smoothed set wins from 56 points on).
-  int smoothing_min_points = 56;
+  /// measured Pareto set is returned (truth-scored benchmark, docs/search.md item 3: with the
+  /// smoothed clock effect and per-point weights the smoothed set wins from 28 points on, the
+  /// smallest budget measured).
+  int smoothing_min_points = 28;
   /// Smoothed selection: weight of the measurement in each estimate, the rest is the
   /// cross-fitted surrogate prediction (1: measured front, 0: prediction only); -1: automatic,
   /// per point and objective, from noise_rel and the number of points behind the prediction

@@ -236,9 +236,9 @@ TEST(Search, SelectFrontOptions) {
   ASSERT_FALSE(sel.empty());
   EXPECT_EQ(std::set<std::size_t>(sel.begin(), sel.end()).size(), sel.size());
   for (std::size_t i : sel) EXPECT_LT(i, r.points.size());
-  // Fewer than smoothing_min_points (56 by default): the measured set.
-  ASSERT_EQ(o.smoothing_min_points, 56);
-  const std::vector<SearchPoint> few(r.points.begin(), r.points.begin() + 55);
+  // Fewer than smoothing_min_points (28 by default): the measured set.
+  ASSERT_EQ(o.smoothing_min_points, 28);
+  const std::vector<SearchPoint> few(r.points.begin(), r.points.begin() + 27);
   std::vector<Point2> few_m;
   few_m.reserve(few.size());
   for (const auto& x : few) few_m.push_back({x.m.time_s, x.m.energy_j});
