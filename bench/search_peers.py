@@ -22,7 +22,8 @@ output says how many it measured.
 
 Usage (one run per peer group, then the tables of their outputs merged):
   .venv-bench/bin/python bench/search_peers.py --spaces DIR --out OUT.json --peers nsga2,tpe
-      [--seeds N] [--first-seed N] [--per-class N] [--mc-samples N] [--candidates N] [--filter S[,S...]]
+      [--seeds N] [--first-seed N] [--per-class N] [--mc-samples N] [--candidates N]
+      [--filter S[,S...]]
   .venv-bench/bin/python bench/search_peers.py --spaces DIR --out A.json,B.json
       --cpp-json CPP.json --table TABLE.md
 """
@@ -320,6 +321,8 @@ def main():
                     help="qLogNEHVI: unmeasured configurations scored per batch (0: all)")
     ap.add_argument("--filter", default="")
     a = ap.parse_args()
+    if not 1 <= a.first_seed <= a.seeds:
+        ap.error(f"--first-seed {a.first_seed}: allowed 1..--seeds ({a.seeds})")
     dumps = load_dumps(a.spaces)
     if a.filter:
         dumps = {k: v for k, v in dumps.items() if any(f in k for f in a.filter.split(","))}

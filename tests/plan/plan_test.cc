@@ -744,7 +744,7 @@ TEST(Plan, ClockCompletionMeasuresTheNeighboursChoicesAtEveryClock) {
 TEST(Plan, ScreenedFrontsArePooledAtTheFullWindow) {
   const Workload w = load_workload(test::paper_workload("qwen3-1.7b_tp8_mbs8_seq4096"));
   PlannerOptions o;
-  o.search.budget = 56;  // SearchOptions::smoothing_min_points: fewer are taken as measured
+  o.search.budget = 56;  // >= SearchOptions::smoothing_min_points: fewer are taken as measured
   o.screening.window_s = 2;
   ProfilerOptions so = test::emulator_options(w.gpu_name);
   so.window_s = 2;
