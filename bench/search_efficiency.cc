@@ -94,6 +94,7 @@ struct JobResult {
   std::vector<double> cpu_s;                      // the same runs' thread CPU time
   std::vector<std::string> prior_used;            // mbo-warm: the prior per seed ("none": no data)
   std::vector<std::vector<double>> beta;          // mbo-warm: beta time, dyn, select t, select e
+  Stats prior_front;  // mbo-warm: the prior's own predicted front, before any measurement
 };
 
 // CPU seconds of the calling thread: on a shared machine wall time measures the neighbours.
@@ -425,6 +426,18 @@ int main(int argc, char** argv) {
             r.prior_used.push_back(res.prior + (res.prior_seeded ? "+seeded" : ""));
             r.beta.push_back({res.beta_time, res.beta_dynamic_energy, res.beta_select_time,
                               res.beta_select_energy});
+            // How good the prior is on its own: the Pareto set of its predictions, by truth.
+            if (!res.prior_prediction.empty()) {
+              std::vector<kareus::Point2> pred;
+              std::vector<kareus::Point2> q;
+              for (std::size_t i = 0; i < configs.size(); ++i) {
+                pred.push_back(
+                    {res.prior_prediction.log_time_s[i], res.prior_prediction.log_energy_j[i]});
+              }
+              for (std::size_t i : kareus::pareto_front(pred))
+                q.push_back(truth.at(key(configs[i])));
+              r.prior_front.v.push_back(kareus::normalized_hypervolume(q, lo, hi) / hv_true);
+            }
           }
           if (strat == "mbo") {
             r.surrogate_s.push_back(res.surrogate_seconds);
@@ -477,7 +490,8 @@ int main(int argc, char** argv) {
                              {"exhaustive_smoothed_truth", r.exhaustive_smoothed.v},
                              {"cpu_s", r.cpu_s},
                              {"prior", r.prior_used},
-                             {"beta", r.beta}};
+                             {"beta", r.beta},
+                             {"prior_front_truth", r.prior_front.v}};
         for (const auto& [s, m] : r.by) {
           for (const auto& [b, c] : m) {
             pj[s][std::to_string(b)] = {{"truth", c.truth.v},
@@ -617,6 +631,13 @@ int main(int argc, char** argv) {
       }
     }
     fmt::print("{}\n", worse ? "" : " none");
+    Stats pf;
+    for (const auto& r : results)
+      pf.v.insert(pf.v.end(), r.prior_front.v.begin(), r.prior_front.v.end());
+    fmt::print(
+        "the prior's own predicted front, no measurement, by truth: mean {:.4f}, worst {:.4f} "
+        "({} runs with a prior)\n",
+        pf.mean(), pf.worst(), pf.v.size());
   }
   const bool full_target = std::count(kBudgets.begin(), kBudgets.end(), 112) &&
                            std::count(kBudgets.begin(), kBudgets.end(), 224);
@@ -667,6 +688,7 @@ int main(int argc, char** argv) {
       if (!r.prior_used.empty()) {
         pj["prior"] = r.prior_used;
         pj["beta"] = r.beta;
+        pj["prior_front_truth"] = r.prior_front.v;
       }
       j["partitions"].push_back(pj);
     }

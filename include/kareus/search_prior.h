@@ -64,7 +64,9 @@ using RelatedSource = std::function<std::vector<StoredPartition>(const Partition
 /// targets are centred on their mean, so the trees learn the shape of the response (how clock,
 /// SMs and slot move it at a given size), not its level. Features: clock as a fraction of the
 /// space's fastest, collective SMs, slot position along the chain (0..1), log10 compute FLOPs,
-/// log10 compute bytes, log10 collective bytes, collective group size.
+/// log10 compute bytes, log10 collective bytes, collective group size, log10 collective bytes
+/// per compute FLOP. The prediction is the additive part of the trees' over the space, a clock
+/// effect plus an (SMs, slot) effect (least squares on the full grid).
 std::unique_ptr<SearchPrior> make_store_prior(RelatedSource source, std::uint64_t seed = 1);
 
 /// The prior of a profiler's own prediction (`emulator`: a noise-free emulator). `exact` is

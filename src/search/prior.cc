@@ -10,7 +10,11 @@
 // on every related point with the size as features, its targets centred per source partition
 // so it learns the shape of the response and the search's own points set the level. mbo
 // decides how much to trust it (choose_prior_weight), so a store of unrelated partitions costs
-// nothing but the refits.
+// nothing but the refits. The prediction handed to mbo is the trees' additive part over
+// (clock) + (SMs, slot) (docs/search.md, "Warm starts"): trained on the noisy points of a
+// handful of other shapes, the trees' clock-by-choice interactions do not carry over, and mbo's
+// additive residual model can correct a prior's main effects from the partition's own points
+// but not its interactions, which then steer every batch.
 //
 // `emulator`: the emulator's noise-free prediction of the same configuration, for real GPUs
 // and traces (the sim-to-real gap is in the level and in details the cross-validated weight
@@ -30,7 +34,7 @@
 namespace kareus {
 namespace {
 
-constexpr std::size_t kShapeFeatures = 7;
+constexpr std::size_t kShapeFeatures = 8;
 
 double log10_or_zero(double v) { return v > 0 ? std::log10(v) : 0.0; }
 
@@ -46,7 +50,37 @@ bool shape_row(const PartitionShape& s, const PartitionConfig& c, int max_freq_m
   row[4] = static_cast<float>(log10_or_zero(s.compute_bytes));
   row[5] = static_cast<float>(log10_or_zero(s.collective_bytes));
   row[6] = static_cast<float>(s.group_size);
+  // Collective bytes per compute FLOP: how long the collective runs against the compute it
+  // overlaps, which sets how many SMs it pays to give it. A tree splits one feature at a time,
+  // so the ratio carries over between shapes where the two sizes apart do not.
+  row[7] = static_cast<float>(s.collective_bytes > 0 && s.compute_flops > 0
+                                  ? std::log10(s.collective_bytes / s.compute_flops)
+                                  : 0.0);
   return true;
+}
+
+// The least-squares additive fit z(clock, choice) ~ c(clock) + h(choice) over the whole space, in
+// place. The space is a full grid (every clock with every (SMs, slot) choice, each once), so the
+// fit is the clock mean plus the choice mean less the grand mean.
+void keep_additive_part(const std::vector<PartitionConfig>& configs, std::vector<double>& z) {
+  std::map<int, std::pair<double, int>> by_clock;
+  std::map<std::pair<int, std::string>, std::pair<double, int>> by_choice;
+  double grand = 0;
+  for (std::size_t i = 0; i < z.size(); ++i) {
+    auto& a = by_clock[configs[i].freq_mhz];
+    a.first += z[i];
+    ++a.second;
+    auto& b = by_choice[{configs[i].sms, configs[i].slot}];
+    b.first += z[i];
+    ++b.second;
+    grand += z[i];
+  }
+  grand /= static_cast<double>(std::max<std::size_t>(1, z.size()));
+  for (std::size_t i = 0; i < z.size(); ++i) {
+    const auto& a = by_clock.at(configs[i].freq_mhz);
+    const auto& b = by_choice.at({configs[i].sms, configs[i].slot});
+    z[i] = a.first / a.second + b.first / b.second - grand;
+  }
 }
 
 double safe_log(double v) { return std::log(std::max(v, 1e-300)); }
@@ -96,7 +130,8 @@ class StorePrior : public SearchPrior {
                              : *std::max_element(space.freqs_mhz.begin(), space.freqs_mhz.end());
     Matrix q;
     q.cols = kShapeFeatures;
-    for (const auto& c : space.configs()) {
+    const auto configs = space.configs();
+    for (const auto& c : configs) {
       std::fill(row.begin(), row.end(), 0.0f);
       if (!shape_row(target, c, max_freq, row.data())) {
         throw InternalError(
@@ -122,6 +157,9 @@ class StorePrior : public SearchPrior {
     out.log_time_s = fit(yt, 1);
     out.log_energy_j = fit(ye, 2);
     out.log_dynamic_energy_j = fit(yd, 3);
+    keep_additive_part(configs, out.log_time_s);
+    keep_additive_part(configs, out.log_energy_j);
+    keep_additive_part(configs, out.log_dynamic_energy_j);
     return out;
   }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 
 #include "kareus/emulator.h"
@@ -129,6 +130,28 @@ TEST(SearchPrior, StorePriorPredictsARelatedPartitionsResponse) {
     spread += std::pow(truth_t[i] - mt, 2);
   }
   EXPECT_LT(std::sqrt(err / spread), 0.2);
+  // Additive in (clock) + (SMs, slot): each value is its clock's mean plus its choice's mean
+  // less the grand mean, for every objective.
+  for (const auto* v : {&z.log_time_s, &z.log_energy_j, &z.log_dynamic_energy_j}) {
+    std::map<int, std::vector<double>> by_clock;
+    std::map<std::pair<int, std::string>, std::vector<double>> by_choice;
+    const auto configs = space.configs();
+    for (std::size_t i = 0; i < configs.size(); ++i) {
+      by_clock[configs[i].freq_mhz].push_back((*v)[i]);
+      by_choice[{configs[i].sms, configs[i].slot}].push_back((*v)[i]);
+    }
+    auto mean = [](const std::vector<double>& x) {
+      return std::accumulate(x.begin(), x.end(), 0.0) / static_cast<double>(x.size());
+    };
+    const double grand = mean(*v);
+    double interaction = 0;
+    for (std::size_t i = 0; i < configs.size(); ++i) {
+      const double additive = mean(by_clock[configs[i].freq_mhz]) +
+                              mean(by_choice[{configs[i].sms, configs[i].slot}]) - grand;
+      interaction = std::max(interaction, std::abs((*v)[i] - additive));
+    }
+    EXPECT_LT(interaction, 1e-9);
+  }
   // Nothing related: no prediction, the search runs cold.
   auto empty = make_store_prior([](const Partition&) { return std::vector<StoredPartition>{}; });
   EXPECT_TRUE(empty->predict(p16, space).empty());
