@@ -434,8 +434,7 @@ int main(int argc, char** argv) {
                 pred.push_back(
                     {res.prior_prediction.log_time_s[i], res.prior_prediction.log_energy_j[i]});
               }
-              for (std::size_t i : kareus::pareto_front(pred))
-                q.push_back(truth.at(key(configs[i])));
+              for (std::size_t i : kareus::pareto_front(pred)) q.push_back(all_true[i]);
               r.prior_front.v.push_back(kareus::normalized_hypervolume(q, lo, hi) / hv_true);
             }
           }

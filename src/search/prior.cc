@@ -60,26 +60,23 @@ bool shape_row(const PartitionShape& s, const PartitionConfig& c, int max_freq_m
 }
 
 // The least-squares additive fit z(clock, choice) ~ c(clock) + h(choice) over the whole space, in
-// place. The space is a full grid (every clock with every (SMs, slot) choice, each once), so the
-// fit is the clock mean plus the choice mean less the grand mean.
-void keep_additive_part(const std::vector<PartitionConfig>& configs, std::vector<double>& z) {
-  std::map<int, std::pair<double, int>> by_clock;
-  std::map<std::pair<int, std::string>, std::pair<double, int>> by_choice;
+// place. The space is a full grid (every clock with every (SMs, slot) choice, each once,
+// frequency-major), so the fit is the clock mean plus the choice mean less the grand mean.
+void keep_additive_part(const SearchSpace& space, std::vector<double>& z) {
+  const std::size_t choices = space.sms.size() * space.slots.size();
+  if (z.empty() || choices == 0) return;
+  std::vector<double> clock_sum(space.freqs_mhz.size()), choice_sum(choices);
   double grand = 0;
   for (std::size_t i = 0; i < z.size(); ++i) {
-    auto& a = by_clock[configs[i].freq_mhz];
-    a.first += z[i];
-    ++a.second;
-    auto& b = by_choice[{configs[i].sms, configs[i].slot}];
-    b.first += z[i];
-    ++b.second;
+    clock_sum[i / choices] += z[i];
+    choice_sum[i % choices] += z[i];
     grand += z[i];
   }
-  grand /= static_cast<double>(std::max<std::size_t>(1, z.size()));
+  grand /= static_cast<double>(z.size());
+  const auto n_clocks = static_cast<double>(space.freqs_mhz.size());
   for (std::size_t i = 0; i < z.size(); ++i) {
-    const auto& a = by_clock.at(configs[i].freq_mhz);
-    const auto& b = by_choice.at({configs[i].sms, configs[i].slot});
-    z[i] = a.first / a.second + b.first / b.second - grand;
+    z[i] = clock_sum[i / choices] / static_cast<double>(choices) +
+           choice_sum[i % choices] / n_clocks - grand;
   }
 }
 
@@ -130,8 +127,7 @@ class StorePrior : public SearchPrior {
                              : *std::max_element(space.freqs_mhz.begin(), space.freqs_mhz.end());
     Matrix q;
     q.cols = kShapeFeatures;
-    const auto configs = space.configs();
-    for (const auto& c : configs) {
+    for (const auto& c : space.configs()) {
       std::fill(row.begin(), row.end(), 0.0f);
       if (!shape_row(target, c, max_freq, row.data())) {
         throw InternalError(
@@ -157,9 +153,9 @@ class StorePrior : public SearchPrior {
     out.log_time_s = fit(yt, 1);
     out.log_energy_j = fit(ye, 2);
     out.log_dynamic_energy_j = fit(yd, 3);
-    keep_additive_part(configs, out.log_time_s);
-    keep_additive_part(configs, out.log_energy_j);
-    keep_additive_part(configs, out.log_dynamic_energy_j);
+    keep_additive_part(space, out.log_time_s);
+    keep_additive_part(space, out.log_energy_j);
+    keep_additive_part(space, out.log_dynamic_energy_j);
     return out;
   }
 
