@@ -41,6 +41,14 @@
 //          [--measurement-weight W] [--smoothing-min-points N] [--stop-threshold X]
 //          [--stop-patience N] [--clock-smoothing X] [--exploration optimistic|spread]
 //          [--optimism K] [--warm none|loo|misleading|emulator] [--max-budget N]
+//          [--explain N]
+//
+// --explain N prints, for every mbo run (and mbo-warm) at budget N, the measured points that
+// its selection recommends or that lie on the true front of its measured points: their true
+// values, the measurement's and the planner's estimate's errors against the truth, and the true
+// hypervolume each true-front point would take with it. The header's score and coverage split a
+// run's loss: coverage short of 1 was never measured, the score short of the coverage was
+// measured and not recommended. Use it with --filter.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <time.h>
@@ -51,9 +59,11 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "kareus/emulator.h"
@@ -155,6 +165,47 @@ kareus::EmulatorParams perturbed_params() {
 }
 
 // Every distinct partition of the suite, with its workload: the pool of --warm loo's store.
+// One run's --explain table (see the file comment): true_values[i] is the true (time_s,
+// energy_j) of pts[i], est[i] the estimate handed to the planner, hv(idx) the score of a subset.
+std::string explain_run(const std::string& title, const std::vector<kareus::SearchPoint>& pts,
+                        const std::vector<kareus::Measurement>& est,
+                        const std::vector<std::size_t>& selected,
+                        const std::vector<kareus::Point2>& true_values,
+                        const std::function<double(const std::vector<std::size_t>&)>& hv) {
+  const std::vector<std::size_t> true_front = kareus::pareto_front(true_values);
+  const std::set<std::size_t> sel(selected.begin(), selected.end());
+  const std::set<std::size_t> tf(true_front.begin(), true_front.end());
+  std::vector<std::size_t> all(pts.size());
+  for (std::size_t i = 0; i < pts.size(); ++i) all[i] = i;
+  std::string out = fmt::format(
+      "{}: truth {:.4f}, coverage {:.4f}\n| point | MHz | SMs | slot | true time ms | true energy "
+      "J | measured err time / energy | estimate err time / energy | true score lost without it "
+      "|\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+      title, hv(selected), hv(all));
+  const double hv_front = hv(true_front);
+  for (std::size_t i = 0; i < pts.size(); ++i) {
+    if (!sel.count(i) && !tf.count(i)) continue;
+    const auto& c = pts[i].config;
+    const double t = true_values[i].x, e = true_values[i].y;
+    double lost = 0;
+    if (tf.count(i)) {
+      std::vector<std::size_t> without;
+      for (std::size_t j : true_front) {
+        if (j != i) without.push_back(j);
+      }
+      lost = hv_front - hv(without);
+    }
+    out += fmt::format(
+        "| {} | {} | {} | {} | {:.4f} | {:.4f} | {:+.2f}% / {:+.2f}% | {:+.2f}% / {:+.2f}% | {} "
+        "|\n",
+        sel.count(i) ? (tf.count(i) ? "selected, true front" : "selected") : "true front",
+        c.freq_mhz, c.sms, c.slot, t * 1e3, e, 100 * (pts[i].m.time_s / t - 1),
+        100 * (pts[i].m.energy_j / e - 1), 100 * (est[i].time_s / t - 1),
+        100 * (est[i].energy_j / e - 1), tf.count(i) ? fmt::format("{:.4f}", lost) : "");
+  }
+  return out;
+}
+
 struct PoolEntry {
   std::string workload;
   kareus::Partition partition;
@@ -173,6 +224,7 @@ int main(int argc, char** argv) {
   kareus::SearchOptions base;
   std::string warm = "none";
   int max_budget = 224;
+  int explain_budget = 0;  // --explain N: 0 explains nothing
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -224,6 +276,8 @@ int main(int argc, char** argv) {
       warm = next();
     else if (a == "--max-budget")
       max_budget = std::stoi(next());
+    else if (a == "--explain")
+      explain_budget = std::stoi(next());
     else {
       fmt::print(stderr,
                  "usage: search_efficiency [--seeds N] [--threads N] [--filter S] [--json F] "
@@ -233,7 +287,8 @@ int main(int argc, char** argv) {
                  "[--initial-design random|lhs] [--initial-points N] [--batch-size N] "
                  "[--measurement-weight W] [--smoothing-min-points N] [--stop-threshold X] "
                  "[--stop-patience N] [--clock-smoothing X] [--exploration optimistic|spread] "
-                 "[--optimism K] [--warm none|loo|misleading|emulator] [--max-budget N]\n");
+                 "[--optimism K] [--warm none|loo|misleading|emulator] [--max-budget N] "
+                 "[--explain N]\n");
       return 2;
     }
   }
@@ -466,6 +521,20 @@ int main(int argc, char** argv) {
             for (std::size_t i = 0; i < n; ++i) {
               every[i] = i;
               measured.push_back({prefix[i].m.time_s, prefix[i].m.energy_j});
+            }
+            if (b == explain_budget && is_mbo) {
+              std::vector<kareus::Point2> tv;
+              tv.reserve(prefix.size());
+              for (const auto& p : prefix) tv.push_back(truth.at(key(p.config)));
+              const auto est = kareus::smoothed_estimates(
+                  prefix, space, so,
+                  res.prior_prediction.empty() ? nullptr : &res.prior_prediction);
+              const std::string table = explain_run(
+                  fmt::format("{} seed {} {} at {} points", r.label, seed, strat, b), prefix, est,
+                  sel, tv,
+                  [&](const std::vector<std::size_t>& idx) { return true_hv(prefix, idx); });
+              std::lock_guard<std::mutex> lock(print_mu);
+              fmt::print("{}\n", table);
             }
             Cell& c = r.by[strat][b];
             c.truth.v.push_back(true_hv(prefix, sel));
