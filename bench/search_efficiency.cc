@@ -39,7 +39,8 @@
 //          [--surrogate additive|trees] [--noise-rel X]
 //          [--initial-design random|lhs] [--initial-points N] [--batch-size N]
 //          [--measurement-weight W] [--smoothing-min-points N] [--stop-threshold X]
-//          [--stop-patience N] [--clock-smoothing X] [--exploration optimistic|spread]
+//          [--stop-patience N] [--clock-smoothing X] [--choice-pseudo-count X]
+//          [--exploration optimistic|spread]
 //          [--optimism K] [--warm none|loo|misleading|emulator] [--max-budget N]
 //          [--explain N]
 //
@@ -268,6 +269,8 @@ int main(int argc, char** argv) {
       base.stop_threshold = std::stod(next());
     else if (a == "--clock-smoothing")
       base.clock_smoothing = std::stod(next());
+    else if (a == "--choice-pseudo-count")
+      base.choice_pseudo_count = std::stod(next());
     else if (a == "--exploration")
       base.exploration = next();
     else if (a == "--optimism")
@@ -286,7 +289,8 @@ int main(int argc, char** argv) {
                  "[--surrogate additive|trees] [--noise-rel X] "
                  "[--initial-design random|lhs] [--initial-points N] [--batch-size N] "
                  "[--measurement-weight W] [--smoothing-min-points N] [--stop-threshold X] "
-                 "[--stop-patience N] [--clock-smoothing X] [--exploration optimistic|spread] "
+                 "[--stop-patience N] [--clock-smoothing X] [--choice-pseudo-count X] "
+                 "[--exploration optimistic|spread] "
                  "[--optimism K] [--warm none|loo|misleading|emulator] [--max-budget N] "
                  "[--explain N]\n");
       return 2;

@@ -43,4 +43,12 @@ std::vector<double> whittaker_clock_effect(const std::vector<int>& freqs_mhz,
                                            const std::vector<int>& counts,
                                            const std::vector<double>& sums, double penalty);
 
+/// mbo's two-way additive model of log y (clock effect + (SMs, slot) effect, AdditiveModel in
+/// strategies.cc) fitted to log_y at `configs`, predicted at every configuration of `space`
+/// in its index order (SearchSpace::at).
+std::vector<double> additive_model_fit(const SearchSpace& space,
+                                       const std::vector<PartitionConfig>& configs,
+                                       const std::vector<double>& log_y, double clock_smoothing,
+                                       double choice_pseudo_count);
+
 }  // namespace kareus

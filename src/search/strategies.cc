@@ -308,25 +308,32 @@ Levels levels_of(const SearchSpace& space, const PartitionConfig& c) {
 // merit of an (SMs, slot) choice carries over from the clocks where it was measured to those
 // where it was not, which trees on raw values learn only from many points. Effects of the
 // (SMs, slot) choices shrink toward 0 with a pseudo-count (an unseen combination predicts the
-// average). The clock effect is a Whittaker smoother (Eilers, Analytical Chemistry 2003): it
-// minimizes the squared residuals plus `clock_penalty` times the squared second differences of
-// a over the clock (divided differences, so uneven clock lists work), so adjacent clocks share
-// their points. Why: with a dozen noisy points per clock, free per-clock effects are off by
-// about 0.3% each, as large as the differences between adjacent clocks that decide which end
-// of the front a point belongs to; time and energy are smooth in the clock. A penalty of 0
-// gives free effects, with unseen clocks interpolated linearly between measured neighbours.
-// Trees then fit what this model leaves (kinks such as the power cap).
+// average): SearchOptions::choice_pseudo_count, or with -1 the empirical-Bayes ratio of the
+// residual variance to the effects' spread (Efron & Morris, JASA 1973). Why the latter: the
+// effects span tens of percent (3 SMs leave a collective exposed) where the noise is 1%, and one
+// pseudo-point keeps half of a once-measured choice's effect out of b; backfitting hands that
+// half to its clock's effect, which the smoother spreads to the neighbouring clocks. The clock
+// effect is a Whittaker smoother (Eilers, Analytical Chemistry 2003): it minimizes the squared
+// residuals plus `clock_penalty` times the squared second differences of a over the clock (divided
+// differences, so uneven clock lists work), so adjacent clocks share their points. Why: with a
+// dozen noisy points per clock, free per-clock effects are off by about 0.3% each, as large as the
+// differences between adjacent clocks that decide which end of the front a point belongs to; time
+// and energy are smooth in the clock. A penalty of 0 gives free effects, with unseen clocks
+// interpolated linearly between measured neighbours. Trees then fit what this model leaves (kinks
+// such as the power cap).
 class AdditiveModel {
  public:
-  AdditiveModel(const SearchSpace& space, double clock_penalty)
+  AdditiveModel(const SearchSpace& space, double clock_penalty, double choice_pseudo_count)
       : freqs_(space.freqs_mhz),
         penalty_(clock_penalty),
+        pseudo_(choice_pseudo_count),
         a_(space.freqs_mhz.size(), 0.0),
         b_(space.sms.size() * space.slots.size(), 0.0) {}
 
   void fit(const std::vector<Levels>& lv, const std::vector<double>& log_y) {
-    constexpr double kPseudo = 1.0;
     constexpr int kSweeps = 8;
+    // Empirical Bayes starts from one pseudo-point and re-estimates the ratio after each sweep.
+    double pseudo = pseudo_ < 0 ? 1.0 : pseudo_;
     mu_ = 0;
     for (double v : log_y) mu_ += v;
     mu_ /= static_cast<double>(std::max<std::size_t>(1, log_y.size()));
@@ -348,23 +355,36 @@ class AdditiveModel {
       std::fill(sb.begin(), sb.end(), 0.0);
       for (std::size_t i = 0; i < lv.size(); ++i)
         sb[lv[i].combo] += log_y[i] - mu_ - a_[lv[i].freq];
-      for (std::size_t c = 0; c < b_.size(); ++c) b_[c] = sb[c] / (nb[c] + kPseudo);
+      for (std::size_t c = 0; c < b_.size(); ++c) b_[c] = sb[c] / (nb[c] + pseudo);
+      if (pseudo_ < 0) {
+        const double r2 = residual_var(lv, log_y);
+        pseudo = r2 / effect_var(nb, r2);
+      }
     }
     if (penalty_ <= 0) interpolate_unseen_clocks(na);
     // Spread of the (SMs, slot) effects: the residual variance r2 per point and the effects'
     // own variance as their prior (at least r2).
     nb_ = nb;
-    double ss = 0, sb2 = 0, seen = 0;
+    r2_ = residual_var(lv, log_y);
+    prior2_ = effect_var(nb, r2_);
+  }
+  double predict(const Levels& l) const { return mu_ + a_[l.freq] + b_[l.combo]; }
+  // Mean squared residual per point (at least 1e-12).
+  double residual_var(const std::vector<Levels>& lv, const std::vector<double>& log_y) const {
+    double ss = 0;
     for (std::size_t i = 0; i < lv.size(); ++i) ss += std::pow(log_y[i] - predict(lv[i]), 2);
+    return std::max(ss / static_cast<double>(std::max<std::size_t>(1, lv.size())), 1e-12);
+  }
+  // Mean square of the measured choices' effects, at least r2: their prior variance.
+  double effect_var(const std::vector<int>& nb, double r2) const {
+    double sb2 = 0, seen = 0;
     for (std::size_t c = 0; c < b_.size(); ++c) {
       if (nb[c] == 0) continue;
       sb2 += b_[c] * b_[c];
       ++seen;
     }
-    r2_ = std::max(ss / static_cast<double>(std::max<std::size_t>(1, lv.size())), 1e-12);
-    prior2_ = std::max(sb2 / std::max(1.0, seen), r2_);
+    return std::max(sb2 / std::max(1.0, seen), r2);
   }
-  double predict(const Levels& l) const { return mu_ + a_[l.freq] + b_[l.combo]; }
   // Posterior s.d. of the (SMs, slot) effect at l (normal prior and noise): the prior's for a
   // choice never measured, shrinking as its points accumulate.
   double combo_sd(const Levels& l) const {
@@ -394,6 +414,7 @@ class AdditiveModel {
 
   std::vector<int> freqs_;
   double penalty_ = 0;
+  double pseudo_ = 1;  ///< SearchOptions::choice_pseudo_count
   double mu_ = 0;
   std::vector<double> a_, b_;
   std::vector<int> nb_;
@@ -420,7 +441,7 @@ std::size_t index_of(const SearchSpace& space, const Levels& l) {
 // flat prior) keep the cold model.
 double choose_prior_weight(const SearchSpace& space, const std::vector<std::size_t>& space_index,
                            const std::vector<double>& log_y, const std::vector<double>& z,
-                           double clock_smoothing, std::uint64_t seed) {
+                           double clock_smoothing, std::uint64_t seed, double choice_pseudo_count) {
   constexpr std::size_t kWeightFolds = 5;
   const std::size_t n = log_y.size();
   if (n < 2 * kWeightFolds || z.size() != n || space_index.size() != n) return 0;
@@ -440,7 +461,7 @@ double choose_prior_weight(const SearchSpace& space, const std::vector<std::size
         lv_tr.push_back(lv[i]);
         y_tr.push_back(log_y[i] - beta * z[i]);
       }
-      AdditiveModel am(space, clock_smoothing);
+      AdditiveModel am(space, clock_smoothing, choice_pseudo_count);
       am.fit(lv_tr, y_tr);
       for (std::size_t i = 0; i < n; ++i) {
         if (fold[i] == k) err += std::pow(log_y[i] - beta * z[i] - am.predict(lv[i]), 2);
@@ -452,6 +473,21 @@ double choose_prior_weight(const SearchSpace& space, const std::vector<std::size
     }
   }
   return best;
+}
+
+std::vector<double> additive_model_fit(const SearchSpace& space,
+                                       const std::vector<PartitionConfig>& configs,
+                                       const std::vector<double>& log_y, double clock_smoothing,
+                                       double choice_pseudo_count) {
+  std::vector<Levels> lv;
+  lv.reserve(configs.size());
+  for (const auto& c : configs) lv.push_back(levels_of(space, c));
+  AdditiveModel am(space, clock_smoothing, choice_pseudo_count);
+  am.fit(lv, log_y);
+  std::vector<double> out;
+  out.reserve(space.size());
+  for (std::size_t i = 0; i < space.size(); ++i) out.push_back(am.predict(levels_at(space, i)));
+  return out;
 }
 
 namespace {
@@ -525,7 +561,8 @@ class BatchSelector {
   void fit_and_predict(const Matrix& all, const Recorder& rec, const SearchSpace& space,
                        const SearchOptions& o, double p_static, std::uint64_t seed) {
     const bool additive = o.surrogate == "additive";
-    AdditiveModel at(space, o.clock_smoothing), ad(space, o.clock_smoothing);
+    AdditiveModel at(space, o.clock_smoothing, o.choice_pseudo_count),
+        ad(space, o.clock_smoothing, o.choice_pseudo_count);
     std::vector<Levels> lv;
     for (std::size_t i = 0; i < pts_.size(); ++i) lv.push_back(levels_of(space, pts_[i].config));
     std::vector<double> lt, ld;
@@ -542,8 +579,10 @@ class BatchSelector {
         zt.push_back(prior_->log_time_s[rec.order[i]]);
         zd.push_back(prior_->log_dynamic_energy_j[rec.order[i]]);
       }
-      beta_t_ = choose_prior_weight(space, rec.order, lt, zt, o.clock_smoothing, seed);
-      beta_d_ = choose_prior_weight(space, rec.order, ld, zd, o.clock_smoothing, seed + 1);
+      beta_t_ = choose_prior_weight(space, rec.order, lt, zt, o.clock_smoothing, seed,
+                                    o.choice_pseudo_count);
+      beta_d_ = choose_prior_weight(space, rec.order, ld, zd, o.clock_smoothing, seed + 1,
+                                    o.choice_pseudo_count);
       for (std::size_t i = 0; i < pts_.size(); ++i) {
         lt[i] -= beta_t_ * zt[i];
         ld[i] -= beta_d_ * zd[i];
@@ -838,6 +877,10 @@ class MboSearch : public SearchStrategy {
     if (!(o.clock_smoothing >= 0)) {
       bad(fmt::format("clock_smoothing must be >= 0, got {}", o.clock_smoothing));
     }
+    if (!(o.choice_pseudo_count > 0 || o.choice_pseudo_count == -1)) {
+      bad(fmt::format("choice_pseudo_count must be > 0 or -1 (empirical Bayes), got {}",
+                      o.choice_pseudo_count));
+    }
     if (o.smoothing_min_points < 0) {
       bad(fmt::format("smoothing_min_points must be >= 0, got {}", o.smoothing_min_points));
     }
@@ -985,7 +1028,8 @@ struct CrossFit {
   std::vector<std::size_t> fold;  ///< fold of each point
   std::vector<Levels> lv;         ///< additive-model levels of each point
   std::uint64_t seed;
-  double clock_smoothing;  ///< AdditiveModel's clock penalty
+  double clock_smoothing;      ///< AdditiveModel's clock penalty
+  double choice_pseudo_count;  ///< and its (SMs, slot) shrinkage
 };
 
 constexpr std::size_t kFolds = 5;
@@ -1033,7 +1077,7 @@ void fit_fold(const CrossFit& cf, std::size_t k, const std::vector<double>& v,
     }
   }
   if (held.empty()) return;
-  AdditiveModel am(cf.space, cf.clock_smoothing);
+  AdditiveModel am(cf.space, cf.clock_smoothing, cf.choice_pseudo_count);
   am.fit(lv_tr, ly_tr);
   std::vector<float> res;
   double ss = 0;
@@ -1150,7 +1194,13 @@ Estimates estimate_points(const std::vector<SearchPoint>& points, const SearchSp
       space.sms.size() * space.slots.size() < 2) {
     return out;
   }
-  CrossFit cf{space, {}, std::vector<std::size_t>(points.size()), {}, o.seed, o.clock_smoothing};
+  CrossFit cf{space,
+              {},
+              std::vector<std::size_t>(points.size()),
+              {},
+              o.seed,
+              o.clock_smoothing,
+              o.choice_pseudo_count};
   cf.x.rows = points.size();
   cf.x.cols = feature_count(space);
   cf.x.data.assign(cf.x.rows * cf.x.cols, 0.0f);
@@ -1188,8 +1238,10 @@ Estimates estimate_points(const std::vector<SearchPoint>& points, const SearchSp
       lt.push_back(safe_log(t[i]));
       le.push_back(safe_log(e[i]));
     }
-    out.beta_time = choose_prior_weight(space, idx, lt, zt, o.clock_smoothing, o.seed);
-    out.beta_energy = choose_prior_weight(space, idx, le, ze, o.clock_smoothing, o.seed + 1);
+    out.beta_time =
+        choose_prior_weight(space, idx, lt, zt, o.clock_smoothing, o.seed, o.choice_pseudo_count);
+    out.beta_energy = choose_prior_weight(space, idx, le, ze, o.clock_smoothing, o.seed + 1,
+                                          o.choice_pseudo_count);
     for (std::size_t i = 0; i < points.size(); ++i) {
       off_t.push_back(out.beta_time * zt[i]);
       off_e.push_back(out.beta_energy * ze[i]);
@@ -1294,7 +1346,8 @@ std::vector<PartitionConfig> predicted_clock_front(const std::vector<SearchPoint
     measured.insert(index_of(space, l));
   }
   if (lv.empty()) return {};
-  AdditiveModel mt(space, o.clock_smoothing), me(space, o.clock_smoothing);
+  AdditiveModel mt(space, o.clock_smoothing, o.choice_pseudo_count),
+      me(space, o.clock_smoothing, o.choice_pseudo_count);
   mt.fit(lv, log_t);
   me.fit(lv, log_e);
   const std::size_t combos = space.sms.size() * space.slots.size();

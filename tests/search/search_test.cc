@@ -252,7 +252,9 @@ TEST(Search, SelectFrontOptions) {
       [](SearchOptions& b) { b.smoothing_min_points = -1; },
       [](SearchOptions& b) { b.exploration = "greedy"; },
       [](SearchOptions& b) { b.optimism = -1; },
-      [](SearchOptions& b) { b.clock_smoothing = -1; }};
+      [](SearchOptions& b) { b.clock_smoothing = -1; },
+      [](SearchOptions& b) { b.choice_pseudo_count = 0; },
+      [](SearchOptions& b) { b.choice_pseudo_count = -0.5; }};
   for (const auto& make_bad : bad) {
     SearchOptions b;
     make_bad(b);
@@ -322,6 +324,51 @@ TEST(Search, LeafShrinkageIsTheNoiseToSignalRatio) {
 }
 
 // The clock effect's smoother against hand-solved systems.
+// An exactly additive response, log y = a[clock] + b[choice], where one choice (3 SMs: +40%, a
+// collective left exposed) is measured at one clock only. With one pseudo-point its effect is
+// half absorbed, and backfitting hands the other half to that clock's effect: the two choices
+// measured at every clock are then predicted 0.4 / 2 / 3 = 6.7% high there. The empirical-Bayes
+// pseudo-count (residual over effect variance, here ~0) recovers the generating values.
+TEST(Search, ChoicePseudoCountKeepsAOnceMeasuredEffectOutOfItsClock) {
+  SearchSpace space;
+  space.freqs_mhz = {1000, 1100, 1200, 1300, 1400, 1500};
+  space.sms = {3, 6, 9};
+  space.slots = {"linear"};
+  auto truth = [](int mhz, int sms) {
+    const double a = 0.3 * std::log(1000.0 / mhz) + 1e-4 * (mhz - 1250) * (mhz - 1250) / 1e3;
+    const double b = sms == 3 ? 0.4 : sms == 9 ? 0.05 : 0.0;
+    return a + b;
+  };
+  std::vector<PartitionConfig> configs;
+  std::vector<double> log_y;
+  for (int f : space.freqs_mhz) {
+    for (int m : {6, 9}) {
+      configs.push_back({f, m, "linear"});
+      log_y.push_back(truth(f, m));
+    }
+  }
+  configs.push_back({1000, 3, "linear"});
+  log_y.push_back(truth(1000, 3));
+  for (double pseudo : {1.0, -1.0}) {
+    const auto fit = additive_model_fit(space, configs, log_y, 0.0, pseudo);
+    ASSERT_EQ(fit.size(), space.size());
+    double worst = 0;  // over the configurations measured at every clock
+    for (std::size_t i = 0; i < space.size(); ++i) {
+      const auto c = space.at(i);
+      if (c.sms == 3) continue;
+      worst = std::max(worst, std::abs(fit[i] - truth(c.freq_mhz, c.sms)));
+    }
+    if (pseudo > 0) {
+      EXPECT_GT(worst, 0.05) << "one pseudo-point leaks the effect into its clock";
+    } else {
+      EXPECT_LT(worst, 1e-3);
+      // The once-measured choice keeps its whole effect, at its clock and beyond.
+      EXPECT_NEAR(fit[0 * 3 + 0], truth(1000, 3), 1e-3);
+      EXPECT_NEAR(fit[5 * 3 + 0], truth(1500, 3), 1e-3);
+    }
+  }
+}
+
 TEST(Search, ClockEffectIsAWhittakerSmoother) {
   // Three even clocks, one point each, sums (0, 1, 0), penalty 1: (I + D'D) a = s with
   // D = (1, -2, 1) gives a = (2/7, 3/7, 2/7).
