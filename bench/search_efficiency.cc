@@ -165,7 +165,6 @@ kareus::EmulatorParams perturbed_params() {
   return p;
 }
 
-// Every distinct partition of the suite, with its workload: the pool of --warm loo's store.
 // One run's --explain table (see the file comment): true_values[i] is the true (time_s,
 // energy_j) of pts[i], est[i] the estimate handed to the planner, hv(idx) the score of a subset.
 std::string explain_run(const std::string& title, const std::vector<kareus::SearchPoint>& pts,
@@ -207,6 +206,7 @@ std::string explain_run(const std::string& title, const std::vector<kareus::Sear
   return out;
 }
 
+// Every distinct partition of the suite, with its workload: the pool of --warm loo's store.
 struct PoolEntry {
   std::string workload;
   kareus::Partition partition;
