@@ -58,10 +58,10 @@ struct SearchOptions {
   /// 0: a free effect per clock.
   double clock_smoothing = 100;
   /// The additive model's (SMs, slot) effects shrink toward 0 as if each had this many more
-  /// points at 0 (the posterior mean under a normal prior); -1: empirical Bayes, the fit's
-  /// residual variance over the spread of the measured effects, the ratio the exploration's
-  /// posterior s.d. already uses (docs/search.md, item 9).
-  double choice_pseudo_count = 1;
+  /// points at 0 (the posterior mean under a normal prior); -1 (default): empirical Bayes, the
+  /// fit's residual variance over the spread of the measured effects, the ratio the
+  /// exploration's posterior s.d. already uses (docs/search.md, item 9).
+  double choice_pseudo_count = -1;
   /// How mbo picks its recommended front (SearchResult::selected): "smoothed" (Pareto set of
   /// noise-shrunk estimates, see select_front) or "measured" (Pareto set of the raw
   /// measurements, the artifact's choice).

@@ -80,6 +80,6 @@ std::unique_ptr<SearchPrior> make_profiler_prior(Profiler& exact);
 double choose_prior_weight(const SearchSpace& space, const std::vector<std::size_t>& space_index,
                            const std::vector<double>& log_y, const std::vector<double>& z,
                            double clock_smoothing, std::uint64_t seed,
-                           double choice_pseudo_count = 1);
+                           double choice_pseudo_count = -1);
 
 }  // namespace kareus
