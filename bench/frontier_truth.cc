@@ -23,7 +23,7 @@
 // Usage: frontier_truth [--budget N] [--strategy NAME] [--noise REL] [--seeds N]
 //          [--screen-window-s S] [--filter SUB[,SUB]] [--clock-completion] [--no-smooth-sweeps]
 //          [--sweep-stride N] [--focus-rounds N] [--focus-points K]
-//          [--stop-threshold X]
+//          [--stop-threshold X] [--choice-pseudo-count X]
 //          [--stop-patience N] [--threads N] [--skip-today] [--json FILE]
 #include <fmt/format.h>
 
@@ -70,6 +70,7 @@ struct Profile {
   int focus_rounds = 0;       ///< plan-directed profiling rounds (PlannerOptions::focus_clocks_mhz)
   int focus_points = kareus::PlannerOptions{}.focus_points_per_clock;
   int stop_patience = kareus::SearchOptions{}.stop_patience;
+  double choice_pseudo_count = kareus::SearchOptions{}.choice_pseudo_count;
   std::uint64_t seed = 1;
 };
 
@@ -90,6 +91,7 @@ Scored plan_and_score(const kareus::Workload& w, const Profile& pr, double deadl
   o.search.seed = pr.seed;
   o.search.stop_threshold = pr.stop_threshold;
   o.search.stop_patience = pr.stop_patience;
+  o.search.choice_pseudo_count = pr.choice_pseudo_count;
   o.clock_completion = pr.clock_completion;
   o.smooth_sweeps = pr.smooth_sweeps;
   o.sweep_stride = pr.sweep_stride;
@@ -203,6 +205,8 @@ int main(int argc, char** argv) {
       cheap.focus_points = std::stoi(next());
     else if (a == "--stop-patience")
       cheap.stop_patience = std::stoi(next());
+    else if (a == "--choice-pseudo-count")
+      cheap.choice_pseudo_count = std::stod(next());
     else if (a == "--filter")
       filter = next();
     else if (a == "--threads")
@@ -215,7 +219,7 @@ int main(int argc, char** argv) {
           "usage: frontier_truth [--budget N] [--strategy NAME] [--noise REL] [--seeds N] "
           "[--screen-window-s S] [--clock-completion] [--no-smooth-sweeps] [--sweep-stride N] "
           "[--focus-rounds N] [--focus-points K] "
-          "[--stop-threshold X] "
+          "[--stop-threshold X] [--choice-pseudo-count X] "
           "[--stop-patience N] [--filter SUB[,SUB]] [--threads N] [--skip-today] "
           "[--json FILE]\n");
       return 2;

@@ -209,14 +209,18 @@ int Planner::focus_clocks(const Partition& p, const SearchSpace& space, SearchRe
 }
 
 // Screened: the full window's noise, the one screened_search confirmed with and
-// pooled_at_full_window scales every point to. Not screened: the search's own options, as its
-// strategy estimated.
+// pooled_at_full_window scales every point to. Not screened: the noise the search estimated
+// with (measurement_noise: the options' or the backend's repeatability). Why not the options as
+// given: left unset they mean the measured H200 repeatability, which on a backend that repeats
+// exactly (the emulator with --noise 0) pulled the exact measurements of focus and completion
+// points toward the model's predictions.
 SearchOptions Planner::estimate_options() const {
   SearchOptions o = o_.search;
-  if (!screen_) return o;
-  const NoiseRel full = screening_noise(profiler_.backend(), o_.screening.full_window_s);
-  o.noise_rel = full.energy;
-  o.time_noise_rel = full.time;
+  const NoiseRel noise = screen_
+                             ? screening_noise(profiler_.backend(), o_.screening.full_window_s)
+                             : measurement_noise(o_.search, profiler_.backend());
+  o.noise_rel = noise.energy;
+  o.time_noise_rel = noise.time;
   return o;
 }
 

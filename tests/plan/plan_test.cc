@@ -816,11 +816,41 @@ TEST(Plan, FocusClocksMeasureThePredictedFrontThere) {
   EXPECT_THROW(Planner(w, cp, o), InvalidInput);
 }
 
+// A backend that repeats exactly (the emulator at noise 0) is estimated at its own
+// repeatability: after the focus points join a search, every option the planner composes is the
+// exact measurement of its configuration, not a blend with the model's prediction (estimated at
+// the measured H200's 1% the focus points' energies moved by up to a few percent).
+TEST(Plan, FocusPointsOfAnExactBackendKeepTheirMeasurements) {
+  const Workload w = load_workload(test::paper_workload("qwen3-1.7b_tp8_mbs8_seq4096"));
+  PlannerOptions o;
+  o.search.budget = 28;
+  o.focus_clocks_mhz = {1110, 1230};
+  o.focus_points_per_clock = 3;
+  EmulatorProfiler backend(test::emulator_options(w.gpu_name, 0));
+  CachedProfiler cp(backend, nullptr);
+  Planner planner(w, cp, o);
+  EmulatorProfiler exact(test::emulator_options(w.gpu_name, 0));
+  int checked = 0;
+  for (const Partition& p : planner.partitions().partitions) {
+    for (const auto& [f, opts] : planner.searched_fronts(p.key)) {
+      for (const PartitionOption& opt : opts) {
+        const Measurement m = exact.measure(p, opt.config);
+        EXPECT_NEAR(opt.time_s / m.time_s, 1.0, 1e-9) << p.key << " " << f;
+        EXPECT_NEAR(opt.dynamic_energy_j / m.dynamic_energy_j, 1.0, 1e-9) << p.key << " " << f;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
 // Plan-directed profiling scored by truth: with exact measurements (noise 0) every difference
 // from the exhaustive profile's plan is the search's coverage. At 56 points per partition the
-// iso-time plan of Qwen3 1.7B TP8 mbs8 needs 2.2% more energy than the exhaustive profile's
-// (the frontier-level check, docs/benchmarks.md); two focus rounds measure each partition's
-// predicted front at the plans' clocks and bring it within 0.5%.
+// iso-time plan of Qwen3 1.7B TP8 mbs8 needs 0.7% more energy than the exhaustive profile's
+// (2.2% with one pseudo-point per choice effect; the frontier-level check, docs/benchmarks.md);
+// two focus rounds measure each partition's predicted front at the plans' clocks and bring it
+// within 0.5%. The focus points are estimated at the backend's repeatability, here exact: at the
+// measured H200's they were pulled toward the model, and focus made this plan worse (1.6%).
 TEST(Eval, FocusRoundsCloseTheIsoTimeGapOfACheapProfile) {
   const Workload w = load_workload(test::paper_workload("qwen3-1.7b_tp8_mbs8_seq4096"));
   auto iso_time_energy_j = [&w](const PlannerOptions& o, WorkloadEvaluation* out) {
@@ -844,7 +874,7 @@ TEST(Eval, FocusRoundsCloseTheIsoTimeGapOfACheapProfile) {
   cheap.focus_rounds = 2;
   const double focused_j = iso_time_energy_j(cheap, &focused);
   ASSERT_GT(truth_j, 0);
-  EXPECT_GT(plain_j / truth_j - 1, 0.01);
+  EXPECT_GT(plain_j / truth_j - 1, 0.005);
   EXPECT_LT(focused_j / truth_j - 1, 0.005);
   EXPECT_TRUE(plain.focus_clocks_mhz.empty());
   // The first round is the plain run: every clock its plans run is focused on.
