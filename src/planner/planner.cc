@@ -216,9 +216,8 @@ int Planner::focus_clocks(const Partition& p, const SearchSpace& space, SearchRe
 // points toward the model's predictions.
 SearchOptions Planner::estimate_options() const {
   SearchOptions o = o_.search;
-  const NoiseRel noise = screen_
-                             ? screening_noise(profiler_.backend(), o_.screening.full_window_s)
-                             : measurement_noise(o_.search, profiler_.backend());
+  const NoiseRel noise = screen_ ? screening_noise(profiler_.backend(), o_.screening.full_window_s)
+                                 : measurement_noise(o_.search, profiler_.backend());
   o.noise_rel = noise.energy;
   o.time_noise_rel = noise.time;
   return o;
