@@ -75,11 +75,11 @@ std::unique_ptr<SearchPrior> make_profiler_prior(Profiler& exact);
 
 /// The weight beta in {0, 1/2, 1} of a prior in log y = beta z + additive model, chosen by
 /// 5-fold cross-validation of the additive model on the measured points (`space_index`: each
-/// point's index in space.configs(); `z`: the prior at each point). A tie goes to the smaller
+/// point's index in space.configs(); `z`: the prior at each point; `clock_smoothing` and
+/// `choice_pseudo_count`: the additive model's, as in SearchOptions). A tie goes to the smaller
 /// weight, so a prior that does not help is off.
 double choose_prior_weight(const SearchSpace& space, const std::vector<std::size_t>& space_index,
                            const std::vector<double>& log_y, const std::vector<double>& z,
-                           double clock_smoothing, std::uint64_t seed,
-                           double choice_pseudo_count = -1);
+                           double clock_smoothing, std::uint64_t seed, double choice_pseudo_count);
 
 }  // namespace kareus

@@ -414,7 +414,7 @@ class AdditiveModel {
 
   std::vector<int> freqs_;
   double penalty_ = 0;
-  double pseudo_ = 1;  ///< SearchOptions::choice_pseudo_count
+  double pseudo_ = -1;  ///< SearchOptions::choice_pseudo_count
   double mu_ = 0;
   std::vector<double> a_, b_;
   std::vector<int> nb_;

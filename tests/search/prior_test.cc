@@ -57,21 +57,23 @@ struct Synthetic {
 
 TEST(SearchPrior, WeightIsOneForAPerfectPriorAndZeroForAMisleadingOne) {
   Synthetic s;
-  EXPECT_EQ(choose_prior_weight(s.space, s.index, s.log_y, s.z(1.0), 100, 1), 1.0);
+  const double pseudo = SearchOptions{}.choice_pseudo_count;  // the search's own shrinkage
+  EXPECT_EQ(choose_prior_weight(s.space, s.index, s.log_y, s.z(1.0), 100, 1, pseudo), 1.0);
   // Half the interaction's size: the data ask for z's full weight twice over, 1 is closest.
-  EXPECT_EQ(choose_prior_weight(s.space, s.index, s.log_y, s.z(0.5), 100, 1), 1.0);
+  EXPECT_EQ(choose_prior_weight(s.space, s.index, s.log_y, s.z(0.5), 100, 1, pseudo), 1.0);
   // Twice its size: 1/2 explains it exactly.
-  EXPECT_EQ(choose_prior_weight(s.space, s.index, s.log_y, s.z(2.0), 100, 1), 0.5);
+  EXPECT_EQ(choose_prior_weight(s.space, s.index, s.log_y, s.z(2.0), 100, 1, pseudo), 0.5);
   // The opposite shape, or a constant (no information): the cold model.
-  EXPECT_EQ(choose_prior_weight(s.space, s.index, s.log_y, s.z(-1.0), 100, 1), 0.0);
+  EXPECT_EQ(choose_prior_weight(s.space, s.index, s.log_y, s.z(-1.0), 100, 1, pseudo), 0.0);
   EXPECT_EQ(choose_prior_weight(s.space, s.index, s.log_y, std::vector<double>(s.index.size(), 0.3),
-                                100, 1),
+                                100, 1, pseudo),
             0.0);
   // Too few points for 5 folds: off.
   const std::vector<std::size_t> few(s.index.begin(), s.index.begin() + 9);
   const std::vector<double> few_y(s.log_y.begin(), s.log_y.begin() + 9);
   const auto z = s.z(1.0);
-  EXPECT_EQ(choose_prior_weight(s.space, few, few_y, {z.begin(), z.begin() + 9}, 100, 1), 0.0);
+  EXPECT_EQ(choose_prior_weight(s.space, few, few_y, {z.begin(), z.begin() + 9}, 100, 1, pseudo),
+            0.0);
 }
 
 double pearson(const std::vector<double>& a, const std::vector<double>& b) {

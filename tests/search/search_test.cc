@@ -323,7 +323,6 @@ TEST(Search, LeafShrinkageIsTheNoiseToSignalRatio) {
   EXPECT_EQ(leaf_shrinkage(1e-4, 0.0), 1.0);
 }
 
-// The clock effect's smoother against hand-solved systems.
 // An exactly additive response, log y = a[clock] + b[choice], where one choice (3 SMs: +40%, a
 // collective left exposed) is measured at one clock only. With one pseudo-point its effect is
 // half absorbed, and backfitting hands the other half to that clock's effect: the two choices
@@ -369,6 +368,7 @@ TEST(Search, ChoicePseudoCountKeepsAOnceMeasuredEffectOutOfItsClock) {
   }
 }
 
+// The clock effect's smoother against hand-solved systems.
 TEST(Search, ClockEffectIsAWhittakerSmoother) {
   // Three even clocks, one point each, sums (0, 1, 0), penalty 1: (I + D'D) a = s with
   // D = (1, -2, 1) gives a = (2/7, 3/7, 2/7).
