@@ -36,8 +36,8 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <thread>
 
+#include "bench_cli.h"
 #include "kareus/emulator.h"
 #include "kareus/evaluate.h"
 #include "kareus/frontier_file.h"
@@ -168,9 +168,7 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   Profile cheap;
   cheap.budget = 56;
   int seeds = 3, threads = 1;
@@ -180,37 +178,37 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
     if (a == "--budget")
-      cheap.budget = std::stoi(next());
+      cheap.budget = kareus::bench::flag_int(a, next());
     else if (a == "--strategy")
       cheap.strategy = next();
     else if (a == "--noise")
-      cheap.noise = std::stod(next());
+      cheap.noise = kareus::bench::flag_double(a, next());
     else if (a == "--seeds")
-      seeds = std::stoi(next());
+      seeds = kareus::bench::flag_int(a, next());
     else if (a == "--screen-window-s")
-      cheap.screen_window_s = std::stod(next());
+      cheap.screen_window_s = kareus::bench::flag_double(a, next());
     else if (a == "--clock-completion")
       cheap.clock_completion = true;
     else if (a == "--no-smooth-sweeps")
       cheap.smooth_sweeps = false;
     else if (a == "--sweep-stride")
-      cheap.sweep_stride = std::stoi(next());
+      cheap.sweep_stride = kareus::bench::flag_int(a, next());
     else if (a == "--skip-today")
       skip_today = true;
     else if (a == "--stop-threshold")
-      cheap.stop_threshold = std::stod(next());
+      cheap.stop_threshold = kareus::bench::flag_double(a, next());
     else if (a == "--focus-rounds")
-      cheap.focus_rounds = std::stoi(next());
+      cheap.focus_rounds = kareus::bench::flag_int(a, next());
     else if (a == "--focus-points")
-      cheap.focus_points = std::stoi(next());
+      cheap.focus_points = kareus::bench::flag_int(a, next());
     else if (a == "--stop-patience")
-      cheap.stop_patience = std::stoi(next());
+      cheap.stop_patience = kareus::bench::flag_int(a, next());
     else if (a == "--choice-pseudo-count")
-      cheap.choice_pseudo_count = std::stod(next());
+      cheap.choice_pseudo_count = kareus::bench::flag_double(a, next());
     else if (a == "--filter")
       filter = next();
     else if (a == "--threads")
-      threads = std::stoi(next());
+      threads = kareus::bench::flag_int(a, next());
     else if (a == "--json")
       json_path = next();
     else {
@@ -270,9 +268,7 @@ int main(int argc, char** argv) {
       rows[i] = std::move(r);
     }
   };
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) pool.emplace_back(worker);
-  for (auto& t : pool) t.join();
+  kareus::bench::run_workers(threads, worker);
 
   std::string cheap_name = cheap.strategy == "exhaustive"
                                ? std::string("exhaustive (every configuration once)")
@@ -396,4 +392,10 @@ int main(int argc, char** argv) {
   summary("today", &Row::today);
   if (!json_path.empty()) std::ofstream(json_path) << j.dump(1) << "\n";
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return kareus::bench::guarded_main("frontier_truth", [&] { return run(argc, argv); });
 }

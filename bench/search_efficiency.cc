@@ -65,8 +65,8 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <thread>
 
+#include "bench_cli.h"
 #include "kareus/emulator.h"
 #include "kareus/search.h"
 
@@ -213,9 +213,7 @@ struct PoolEntry {
   std::string gpu;
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   int seeds = 5, threads = 1;
   double noise = kareus::kMeasuredNoiseRel.energy;
   double time_noise = -1;  // -1: kTimeNoiseShare x noise, as the emulator
@@ -230,9 +228,9 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
     if (a == "--seeds")
-      seeds = std::stoi(next());
+      seeds = kareus::bench::flag_int(a, next());
     else if (a == "--threads")
-      threads = std::stoi(next());
+      threads = kareus::bench::flag_int(a, next());
     else if (a == "--filter")
       filter = next();
     else if (a == "--json")
@@ -242,13 +240,13 @@ int main(int argc, char** argv) {
     else if (a == "--dump-spaces")
       dump_dir = next();
     else if (a == "--noise")
-      noise = std::stod(next());
+      noise = kareus::bench::flag_double(a, next());
     else if (a == "--time-noise")
-      time_noise = std::stod(next());
+      time_noise = kareus::bench::flag_double(a, next());
     else if (a == "--selection")
       base.selection = next();
     else if (a == "--noise-rel")
-      base.noise_rel = std::stod(next());
+      base.noise_rel = kareus::bench::flag_double(a, next());
     else if (a == "--surrogate")
       base.surrogate = next();
     else if (a == "--smooth-random")
@@ -256,31 +254,31 @@ int main(int argc, char** argv) {
     else if (a == "--initial-design")
       base.initial_design = next();
     else if (a == "--initial-points")
-      base.initial_points = std::stoi(next());
+      base.initial_points = kareus::bench::flag_int(a, next());
     else if (a == "--batch-size")
-      base.batch_size = std::stoi(next());
+      base.batch_size = kareus::bench::flag_int(a, next());
     else if (a == "--measurement-weight")
-      base.measurement_weight = std::stod(next());
+      base.measurement_weight = kareus::bench::flag_double(a, next());
     else if (a == "--smoothing-min-points")
-      base.smoothing_min_points = std::stoi(next());
+      base.smoothing_min_points = kareus::bench::flag_int(a, next());
     else if (a == "--stop-patience")
-      base.stop_patience = std::stoi(next());
+      base.stop_patience = kareus::bench::flag_int(a, next());
     else if (a == "--stop-threshold")
-      base.stop_threshold = std::stod(next());
+      base.stop_threshold = kareus::bench::flag_double(a, next());
     else if (a == "--clock-smoothing")
-      base.clock_smoothing = std::stod(next());
+      base.clock_smoothing = kareus::bench::flag_double(a, next());
     else if (a == "--choice-pseudo-count")
-      base.choice_pseudo_count = std::stod(next());
+      base.choice_pseudo_count = kareus::bench::flag_double(a, next());
     else if (a == "--exploration")
       base.exploration = next();
     else if (a == "--optimism")
-      base.optimism = std::stod(next());
+      base.optimism = kareus::bench::flag_double(a, next());
     else if (a == "--warm")
       warm = next();
     else if (a == "--max-budget")
-      max_budget = std::stoi(next());
+      max_budget = kareus::bench::flag_int(a, next());
     else if (a == "--explain")
-      explain_budget = std::stoi(next());
+      explain_budget = kareus::bench::flag_int(a, next());
     else {
       fmt::print(stderr,
                  "usage: search_efficiency [--seeds N] [--threads N] [--filter S] [--json F] "
@@ -590,9 +588,7 @@ int main(int argc, char** argv) {
                  fmt::join(r.prior_used, ","), betas.empty() ? "" : " beta t/d/st/se" + betas);
     }
   };
-  std::vector<std::thread> pool;
-  for (int t = 0; t < std::max(1, threads); ++t) pool.emplace_back(worker);
-  for (auto& t : pool) t.join();
+  kareus::bench::run_workers(threads, worker);
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
@@ -770,4 +766,10 @@ int main(int argc, char** argv) {
     std::ofstream(json_path) << j.dump(2) << "\n";
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return kareus::bench::guarded_main("search_efficiency", [&] { return run(argc, argv); });
 }
